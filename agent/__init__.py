@@ -1,0 +1,1 @@
+"""The device agent. Not built yet: see agent/README.md."""

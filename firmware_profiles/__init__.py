@@ -1,0 +1,1 @@
+"""Device-class profiles (TOML data), validated by runtime.profiles."""

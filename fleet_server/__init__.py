@@ -1,0 +1,1 @@
+"""The fleet server. Not built yet: see fleet_server/README.md."""

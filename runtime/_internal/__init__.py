@@ -1,0 +1,1 @@
+"""Internals of the runtime: not a public API."""
