@@ -60,9 +60,7 @@ class InputShapeError(InputError):
         self.model = model
         self.expected = tuple(expected)
         self.got = tuple(got)
-        super().__init__(
-            f"model '{model}': input shape expected {self.expected}, got {self.got}"
-        )
+        super().__init__(f"model '{model}': input shape expected {self.expected}, got {self.got}")
 
 
 class InputDtypeError(InputError):
@@ -83,8 +81,7 @@ class InputTooLarge(InputError):
         self.limit_bytes = limit_bytes
         self.got_bytes = got_bytes
         super().__init__(
-            f"model '{model}': input of {got_bytes} bytes exceeds the slot's "
-            f"{limit_bytes} bytes"
+            f"model '{model}': input of {got_bytes} bytes exceeds the slot's {limit_bytes} bytes"
         )
 
 

@@ -12,7 +12,15 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-STAGES = ("queue_wait", "preprocess", "inference", "postprocess", "total")
+STAGES = (
+    "queue_wait",
+    "to_worker",
+    "preprocess",
+    "inference",
+    "from_worker",
+    "postprocess",
+    "total",
+)
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 
 _MAX_US = 3_600_000_000

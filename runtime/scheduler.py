@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 
 class Priority(IntEnum):
@@ -52,7 +53,7 @@ class Ticket:
     priority: Priority
     enqueued_ns: int
     deadline_ns: int | None
-    payload: object = None  # the shell's request object, opaque here
+    payload: Any = None  # the shell's request object, opaque here
 
 
 @dataclass
@@ -67,9 +68,7 @@ class _ModelQueue:
 
 class Scheduler:
     def __init__(self, policies: list[QueuePolicy]) -> None:
-        self._models = [
-            _ModelQueue(p, tuple(deque() for _ in Priority)) for p in policies
-        ]
+        self._models = [_ModelQueue(p, tuple(deque() for _ in Priority)) for p in policies]
 
     # -- admission ---------------------------------------------------------------
     def reserve(self, model: int) -> bool:

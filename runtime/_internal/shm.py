@@ -31,7 +31,7 @@ def shm_dir() -> Path:
     env = os.environ.get("EDGEFLEET_SHM_DIR")
     if env:
         return Path(env)
-    dev = Path("/dev/shm")
+    dev = Path("/dev/shm")  # noqa: S108 - the POSIX shared-memory mount, not a temp file
     return dev if dev.is_dir() and os.access(dev, os.W_OK) else Path(tempfile.gettempdir())
 
 

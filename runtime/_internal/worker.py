@@ -72,9 +72,7 @@ class _Model:
         first_in = self.backend.inputs[0]
         self.pre: Preprocessor | None = None
         if spec.preprocess is not None:
-            self.pre = Preprocessor(
-                spec.preprocess, first_in.concrete_shape(), first_in.dtype
-            )
+            self.pre = Preprocessor(spec.preprocess, first_in.concrete_shape(), first_in.dtype)
         # Batching: private buffers of max_batch rows, one binding per batch size.
         self.batch_in: list[Array] = []
         self.batch_out: list[Array] = []
@@ -88,7 +86,9 @@ class _Model:
             ]
             for n in range(2, spec.max_batch + 1):
                 variant = self.backend.batch_variant(n)
-                binding = variant.bind([a[:n] for a in self.batch_in], [a[:n] for a in self.batch_out])
+                binding = variant.bind(
+                    [a[:n] for a in self.batch_in], [a[:n] for a in self.batch_out]
+                )
                 self.batches[n] = (variant, binding)
         self.backend.warm_up()
 
@@ -105,12 +105,12 @@ class _Model:
             return t_pre, time.perf_counter_ns()
         n = len(slots)
         for row, ref in enumerate(slots):
-            for buf, src in zip(self.batch_in, self.views.inputs[ref.slot]):
+            for buf, src in zip(self.batch_in, self.views.inputs[ref.slot], strict=True):
                 buf[row] = src[0]
         variant, binding = self.batches[n]
         variant.run_bound(binding)
         for row, ref in enumerate(slots):
-            for buf, dst in zip(self.batch_out, self.views.outputs[ref.slot]):
+            for buf, dst in zip(self.batch_out, self.views.outputs[ref.slot], strict=True):
                 dst[0] = buf[row]
         return t_pre, time.perf_counter_ns()
 
@@ -124,9 +124,8 @@ def _pin(core: int | None) -> None:
 
 
 def _name_process(index: int) -> None:
-    with contextlib.suppress(OSError):
-        with open("/proc/self/comm", "w") as f:
-            f.write(f"edgefleet-w{index}")
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(f"edgefleet-w{index}")
 
 
 def worker_main(
@@ -142,14 +141,16 @@ def worker_main(
     _name_process(spec.index)
     _pin(spec.core)
     control = Segment.attach(spec.control_path, spec.control_size)
-    heartbeat = control.array(0, (control.size // 8,), np.int64)
+    heartbeat = control.array(0, (control.size // 8,), np.dtype(np.int64))
     hb_index = spec.index
     heartbeat[hb_index] = time.monotonic_ns()
     try:
         models = [_Model(m, spec.options) for m in spec.models]
     except Exception as exc:
         log.exception("worker %d failed to load its models", spec.index)
-        protocol.write_all(resp_fd, protocol.pack_response(protocol.ST_LOAD_FAILED, 0, 0, 0, str(exc)))
+        protocol.write_all(
+            resp_fd, protocol.pack_response(protocol.ST_LOAD_FAILED, 0, 0, 0, str(exc))
+        )
         return
     protocol.write_all(resp_fd, protocol.pack_response(protocol.ST_READY, 0, 0, 0))
     poller = select.poll()
@@ -172,7 +173,9 @@ def worker_main(
         except Exception as exc:  # reported to the caller as InferenceFailed
             log.debug("inference failed", exc_info=True)
             now = time.perf_counter_ns()
-            msg = protocol.pack_response(protocol.ST_FAILED, t_start, now, now, f"{type(exc).__name__}: {exc}")
+            msg = protocol.pack_response(
+                protocol.ST_FAILED, t_start, now, now, f"{type(exc).__name__}: {exc}"
+            )
         else:
             msg = protocol.pack_response(protocol.ST_OK, t_start, t_pre, t_done)
         protocol.write_all(resp_fd, msg)
