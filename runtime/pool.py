@@ -193,7 +193,14 @@ class Reservation:
 
         Raises:
             InputTooLarge: the frame does not fit the slot's frame area.
+            InputShapeError: a side is 0 (the worker would take the slot's tensor as
+                it is) or more than the protocol carries (65535), or channels is not
+                1 or 3.
         """
+        limit = protocol.MAX_FRAME_SIDE
+        if not all(0 < n <= limit for n in (height, width)) or channels not in (1, 3):
+            name = self._pool.models[self._request.model].name
+            raise InputShapeError(name, (limit, limit, 3), (height, width, channels))
         need = height * width * channels
         layout = self._pool._views[self._request.model].layout
         if need > layout.frame_bytes:
@@ -381,7 +388,7 @@ class WorkerPool:
             self._views.append(SlotViews(seg, layout))
             self._free.append(list(range(n_slots - 1, -1, -1)))
         self._control = Segment.create("ctl", max(64, 8 * n_workers))
-        self._heartbeat = self._control.array(0, (n_workers,), np.int64)
+        self._heartbeat = self._control.array(0, (n_workers,), np.dtype(np.int64))
         self._log_queue = self._ctx.Queue()
         self._log_listener = logging.handlers.QueueListener(
             self._log_queue, _ForwardHandler(), respect_handler_level=False
@@ -566,12 +573,14 @@ class WorkerPool:
         if len(arrays) != len(info.inputs):
             raise InputShapeError(info.name, (len(info.inputs),), (len(arrays),))
         for spec, arr in zip(info.inputs, arrays, strict=True):
+            # dtype first: a float64 array of the right shape is a dtype error, though
+            # it is also twice the slot's size.
+            if arr.dtype != spec.dtype:
+                raise InputDtypeError(info.name, str(spec.dtype), str(arr.dtype))
             if arr.nbytes > spec.nbytes:
                 raise InputTooLarge(info.name, spec.nbytes, arr.nbytes)
             if tuple(arr.shape) != spec.concrete_shape():
                 raise InputShapeError(info.name, spec.concrete_shape(), arr.shape)
-            if arr.dtype != spec.dtype:
-                raise InputDtypeError(info.name, str(spec.dtype), str(arr.dtype))
 
     def _check_frame(self, mi: int, frame: Array) -> None:
         info = self.models[mi]
@@ -626,20 +635,19 @@ class WorkerPool:
         """Give queued work to idle workers. Called with the lock held."""
         while self._idle:
             batch, expired = self._scheduler.next_batch(now)
-            for t in expired:
-                finished.append((t.payload, self._expired_error(t, now)))  # type: ignore[arg-type]
+            finished.extend((t.payload, self._expired_error(t, now)) for t in expired)
             if not batch:
                 return
-            worker = self._idle.pop()
-            reqs: list[Request] = [t.payload for t in batch]  # type: ignore[misc]
+            reqs: list[Request] = [t.payload for t in batch]
             msg = protocol.pack_run(
                 batch[0].model, [protocol.SlotRef(r.slot, r.frame_shape) for r in reqs]
             )
+            worker = self._idle.pop()  # only once the message is built: nothing can lose it
             worker.state = _State.BUSY
             worker.inflight = reqs
-            t = time.perf_counter_ns()
+            sent_ns = time.perf_counter_ns()
             for r in reqs:
-                r.t_dispatch_ns = t
+                r.t_dispatch_ns = sent_ns
             try:
                 protocol.write_all(worker.req_fd, msg)
             except OSError as exc:
@@ -714,8 +722,10 @@ class WorkerPool:
                     last_sweep = now
                     self._check_heartbeats()
                     self._restart_dead()
-                    for t in self._scheduler.expire(now):
-                        finished.append((t.payload, self._expired_error(t, now)))  # type: ignore[arg-type]
+                    finished.extend(
+                        (t.payload, self._expired_error(t, now))
+                        for t in self._scheduler.expire(now)
+                    )
                     self._fail_all_if_no_workers(finished)
                 self._dispatch(now, finished)
             self._complete(finished)
@@ -753,8 +763,10 @@ class WorkerPool:
                 metrics.record_many(
                     [
                         ("queue_wait", r.t_dispatch_ns - r.t_submit_ns),
+                        ("to_worker", resp.t_start_ns - r.t_dispatch_ns),
                         ("preprocess", resp.t_pre_ns - resp.t_start_ns),
                         ("inference", resp.t_done_ns - resp.t_pre_ns),
+                        ("from_worker", now - resp.t_done_ns),
                     ]
                 )
                 finished.append((r, None))
@@ -764,9 +776,7 @@ class WorkerPool:
             finished.extend((r, err) for r in reqs)
 
     def _check_all_started(self) -> None:
-        if not self._ready.is_set() and all(
-            w.state is not _State.STARTING for w in self._workers
-        ):
+        if not self._ready.is_set() and all(w.state is not _State.STARTING for w in self._workers):
             self._ready.set()
 
     def _worker_lost(
@@ -856,11 +866,13 @@ class WorkerPool:
         with contextlib.suppress(ProcessLookupError, AttributeError, TypeError):
             os.kill(w.process.pid, signal.SIGKILL)
 
-    def _fail_all_if_no_workers(self, finished: list[tuple[Request, EdgeRuntimeError | None]]) -> None:
+    def _fail_all_if_no_workers(
+        self, finished: list[tuple[Request, EdgeRuntimeError | None]]
+    ) -> None:
         if self.degraded is None or any(w.state is not _State.DEAD for w in self._workers):
             return
-        for t in self._scheduler.drain():
-            finished.append((t.payload, PoolClosed(f"no worker left: {self.degraded}")))  # type: ignore[arg-type]
+        err = PoolClosed(f"no worker left: {self.degraded}")
+        finished.extend((t.payload, err) for t in self._scheduler.drain())
 
     # -- status and shutdown -----------------------------------------------------------
     def worker_pids(self) -> list[int | None]:
@@ -901,8 +913,7 @@ class WorkerPool:
             if self._closed and self._thread is None:
                 return
             self._closed = True
-            for t in self._scheduler.drain():
-                finished.append((t.payload, PoolClosed()))  # type: ignore[arg-type]
+            finished.extend((t.payload, PoolClosed()) for t in self._scheduler.drain())
             for w in self._workers:
                 if w.state is not _State.DEAD and w.req_fd != -1:
                     with contextlib.suppress(OSError):

@@ -26,6 +26,7 @@ _REQ_SLOT = struct.Struct("<IHHH")
 _RESP = struct.Struct("<BHqqq")
 
 MAX_MESSAGE_TEXT = 2048
+MAX_FRAME_SIDE = 0xFFFF  # a frame's height, width and channels each travel as uint16
 MAX_BATCH = (4000 - _REQ_HEAD.size) // _REQ_SLOT.size
 
 
