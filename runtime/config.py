@@ -69,6 +69,12 @@ class PoolConfig:
         start_timeout_s: how long a worker may take to load and warm up its models.
         extra_slots: slots per model beyond queue and in-flight needs, for results
             that callers still hold; ``None``: one per worker.
+        worker_nice: niceness added to worker processes. Workers are pinned and
+            compute-bound; a positive value lets the pool's own I/O thread (which
+            completes requests and dispatches the next) preempt them at once instead
+            of waiting out the scheduler's time slice, which bounds the latency tail.
+        io_thread_rt_priority: SCHED_RR priority for the pool's I/O thread (0: none).
+            It needs CAP_SYS_NICE; without it the thread stays at normal priority.
     """
 
     workers: int = 1
@@ -82,6 +88,8 @@ class PoolConfig:
     restart_window_s: float = 60.0
     start_timeout_s: float = 60.0
     extra_slots: int | None = None
+    worker_nice: int = 5
+    io_thread_rt_priority: int = 1
 
     def worker_cores(self) -> list[int | None]:
         """The core each worker is pinned to (``None``: not pinned)."""

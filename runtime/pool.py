@@ -435,6 +435,7 @@ class WorkerPool:
             control_path=str(self._control.path),
             control_size=self._control.size,
             heartbeat_interval_s=min(0.2, self.config.heartbeat_timeout_s / 4),
+            nice=self.config.worker_nice,
         )
         req_r, req_w = self._ctx.Pipe(duplex=False)
         resp_r, resp_w = self._ctx.Pipe(duplex=False)
@@ -677,6 +678,7 @@ class WorkerPool:
 
     # -- the I/O thread -------------------------------------------------------------
     def _loop(self) -> None:
+        _raise_io_thread_priority(self.config.io_thread_rt_priority)
         ep = select.epoll()
         ep.register(self._wake_r, select.EPOLLIN)
         registered: dict[int, tuple[str, _Worker]] = {}
@@ -971,6 +973,23 @@ class _ForwardHandler(logging.Handler):
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):
             logger.handle(record)
+
+
+def _raise_io_thread_priority(priority: int) -> None:
+    """Put the calling thread in SCHED_RR at ``priority`` (0: leave it as it is).
+
+    The I/O thread runs for microseconds per request, but with both cores busy running
+    pinned workers the kernel lets it wait out a worker's time slice (about one
+    inference) before it runs; a low real-time priority lets it run at once. Needs
+    CAP_SYS_NICE (root, or ``AmbientCapabilities=CAP_SYS_NICE`` in the systemd unit);
+    without it the pool still works, with a longer tail.
+    """
+    if priority <= 0 or not hasattr(os, "sched_setscheduler"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+    except OSError as exc:
+        log.info("pool I/O thread stays at normal priority (%s)", exc)
 
 
 def _worker_entry(spec: WorkerSpec, req_conn: Any, resp_conn: Any, log_queue: Any) -> None:

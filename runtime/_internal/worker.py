@@ -54,6 +54,7 @@ class WorkerSpec:
     control_path: str
     control_size: int
     heartbeat_interval_s: float
+    nice: int = 0
 
 
 class _Model:
@@ -140,6 +141,9 @@ def worker_main(
     root.setLevel(logging.INFO)
     _name_process(spec.index)
     _pin(spec.core)
+    if spec.nice > 0:
+        with contextlib.suppress(OSError):
+            os.nice(spec.nice)
     control = Segment.attach(spec.control_path, spec.control_size)
     heartbeat = control.array(0, (control.size // 8,), np.dtype(np.int64))
     hb_index = spec.index
