@@ -9,8 +9,15 @@ MODELS := .cache/models/.fetched-stamp
 
 venv: $(STAMP)
 
+# A fresh Debian/Ubuntu may lack the venv module: install python3-venv then.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
+	  rm -rf $(VENV); \
+	  echo "python venv module missing: installing python3-venv"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && \
+	  $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@

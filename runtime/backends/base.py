@@ -78,15 +78,19 @@ class Backend(abc.ABC):
         self.path = path
         self.options = options
 
-    @property
-    @abc.abstractmethod
-    def inputs(self) -> list[TensorSpec]:
-        """The model's inputs as read from the model (static after :meth:`prepare`)."""
+    # Subclasses fill these from the model when they load it.
+    _inputs: list[TensorSpec]
+    _outputs: list[TensorSpec]
 
     @property
-    @abc.abstractmethod
+    def inputs(self) -> list[TensorSpec]:
+        """The model's inputs as read from the model (static after :meth:`prepare`)."""
+        return self._inputs
+
+    @property
     def outputs(self) -> list[TensorSpec]:
         """The model's outputs; shapes are known after :meth:`prepare` and one run."""
+        return self._outputs
 
     @property
     def active_providers(self) -> list[str]:

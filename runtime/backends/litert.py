@@ -178,14 +178,6 @@ class LiteRTBackend(Backend):
         self._fixed: set[str] = set()
 
     @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._outputs
-
-    @property
     def active_providers(self) -> list[str]:
         """Loaded delegates first, then XNNPACK and the builtin kernels for the rest."""
         return [*self._delegate_names, *_CPU_PATH]

@@ -118,14 +118,6 @@ class OnnxBackend(Backend):
         self._output_names = [o.name for o in self._outputs]
 
     @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._outputs
-
-    @property
     def active_providers(self) -> list[str]:
         return list(self._session.get_providers())
 
