@@ -25,8 +25,9 @@ from runtime.errors import (
     RequestTimeout,
     WorkerCrashed,
 )
-from runtime.pool import ModelInfo, Request, Reservation, WorkerPool
+from runtime.pool import ModelInfo, WorkerPool
 from runtime.preprocess import PreprocessSpec
+from runtime.request import Request, Reservation
 from runtime.scheduler import Priority
 
 __all__ = [

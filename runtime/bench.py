@@ -28,7 +28,8 @@ from runtime.backends import BackendOptions, open_model
 from runtime.backends.base import Array
 from runtime.errors import DeadlineExceeded, EdgeRuntimeError, Overloaded
 from runtime.metrics import new_histogram, summarize
-from runtime.pool import Request, WorkerPool
+from runtime.pool import WorkerPool
+from runtime.request import Request
 
 _PR_SET_TIMERSLACK = 29
 

@@ -1,0 +1,178 @@
+"""What a caller holds: a :class:`Reservation` (a queue place and a slot to fill) and a
+:class:`Request` (a submitted inference to wait for, read, and release)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from runtime._internal import protocol
+from runtime.backends.base import Array
+from runtime.errors import EdgeRuntimeError, InputShapeError, InputTooLarge, RequestTimeout
+from runtime.scheduler import Priority
+
+if TYPE_CHECKING:
+    from runtime.pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class Request:
+    """One submitted request. Wait for it, read its outputs, then release it.
+
+    ``outputs`` are views into the request's shared-memory slot, valid until
+    :meth:`release` (or the end of a ``with`` block). The time between completion and
+    release is recorded as the postprocess stage.
+    """
+
+    __slots__ = (
+        "_callback",
+        "_done",
+        "_error",
+        "_pool",
+        "_released",
+        "abandoned",
+        "deadline_ns",
+        "frame_shape",
+        "model",
+        "priority",
+        "slot",
+        "t0_ns",
+        "t_complete_ns",
+        "t_dispatch_ns",
+        "t_submit_ns",
+    )
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        model: int,
+        slot: int,
+        priority: Priority,
+        t0_ns: int,
+        deadline_ns: int | None,
+        callback: Callable[[Request], None] | None,
+    ) -> None:
+        self._pool = pool
+        self.model = model
+        self.slot = slot
+        self.priority = priority
+        self.t0_ns = t0_ns
+        self.t_submit_ns = 0
+        self.t_dispatch_ns = 0
+        self.t_complete_ns = 0
+        self.deadline_ns = deadline_ns
+        self.frame_shape: tuple[int, int, int] | None = None
+        self._callback = callback
+        self._done = threading.Event()
+        self._error: EdgeRuntimeError | None = None
+        self._released = False
+        self.abandoned = False
+
+    @property
+    def error(self) -> EdgeRuntimeError | None:
+        return self._error
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = 10.0) -> Request:
+        """Block until the request completes; return it or raise its error.
+
+        Raises:
+            Overloaded, DeadlineExceeded, WorkerCrashed, InferenceFailed, PoolClosed:
+                how the request ended.
+            RequestTimeout: ``timeout_s`` passed first; the request is abandoned and
+                its slot freed when it ends.
+        """
+        if not self._done.wait(timeout_s):
+            self._pool._abandon(self)
+            raise RequestTimeout(self._pool.models[self.model].name, timeout_s or 0.0)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def outputs(self) -> list[Array]:
+        if self._released or not self._done.is_set() or self._error is not None:
+            raise RuntimeError("outputs are only readable after success and before release")
+        return self._pool._views[self.model].outputs[self.slot]
+
+    def release(self) -> None:
+        """Free the slot (idempotent)."""
+        if not self._released:
+            self._released = True
+            self._pool._release(self)
+
+    def __enter__(self) -> Request:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _finish(self, error: EdgeRuntimeError | None) -> None:
+        self._error = error
+        self._done.set()
+        if self._callback is not None:
+            try:
+                self._callback(self)
+            except Exception:
+                log.exception("request callback raised")
+
+
+class Reservation:
+    """A held queue place and slot: write the input in place, then :meth:`submit`.
+
+    Leaving a ``with`` block without submitting gives the place back.
+    """
+
+    def __init__(self, pool: WorkerPool, request: Request) -> None:
+        self._pool = pool
+        self._request = request
+        self._submitted = False
+
+    @property
+    def inputs(self) -> list[Array]:
+        """The slot's input tensors, in model input order."""
+        return self._pool._views[self._request.model].inputs[self._request.slot]
+
+    def frame(self, height: int, width: int, channels: int = 3) -> Array:
+        """A uint8 frame buffer in the slot for the worker to preprocess.
+
+        Raises:
+            InputTooLarge: the frame does not fit the slot's frame area.
+            InputShapeError: a side is 0 (the worker would take the slot's tensor as
+                it is) or more than the protocol carries (65535), or channels is not
+                1 or 3.
+        """
+        limit = protocol.MAX_FRAME_SIDE
+        if not all(0 < n <= limit for n in (height, width)) or channels not in (1, 3):
+            name = self._pool.models[self._request.model].name
+            raise InputShapeError(name, (limit, limit, 3), (height, width, channels))
+        need = height * width * channels
+        layout = self._pool._views[self._request.model].layout
+        if need > layout.frame_bytes:
+            name = self._pool.models[self._request.model].name
+            raise InputTooLarge(name, layout.frame_bytes, need)
+        self._request.frame_shape = (height, width, channels)
+        return self._pool._views[self._request.model].frame(
+            self._request.slot, (height, width, channels)
+        )
+
+    def submit(self) -> Request:
+        self._submitted = True
+        self._pool._enqueue(self._request)
+        return self._request
+
+    def cancel(self) -> None:
+        if not self._submitted:
+            self._submitted = True
+            self._pool._cancel(self._request)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
