@@ -56,11 +56,6 @@ class ModelMetrics:
     )
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, stage: str, ns: int) -> None:
-        us = max(1, min(ns // 1000, _MAX_US))
-        with self._lock:
-            self.stages[stage].record_value(us)
-
     def record_many(self, values: list[tuple[str, int]]) -> None:
         with self._lock:
             for stage, ns in values:

@@ -129,11 +129,8 @@ def _name_process(index: int) -> None:
         f.write(f"edgefleet-w{index}")
 
 
-def worker_main(
-    spec: WorkerSpec, req_fd: int, resp_fd: int, log_queue: Any, stop_fd: int | None = None
-) -> None:
+def worker_main(spec: WorkerSpec, req_fd: int, resp_fd: int, log_queue: Any) -> None:
     """Entry point of a worker process."""
-    del stop_fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when workers stop
     faulthandler.enable()
     root = logging.getLogger()

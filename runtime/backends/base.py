@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from runtime.errors import ModelLoadError
+
 Array = npt.NDArray[Any]
 
 
@@ -91,6 +93,22 @@ class Backend(abc.ABC):
     def outputs(self) -> list[TensorSpec]:
         """The model's outputs; shapes are known after :meth:`prepare` and one run."""
         return self._outputs
+
+    def _checked_shape(self, spec: TensorSpec, wanted: Sequence[int]) -> tuple[int, ...]:
+        """``wanted`` as a shape for ``spec``, which it must match in rank and in every
+        static dimension.
+
+        Raises:
+            ModelLoadError: naming the input, its declared shape and the wanted one.
+        """
+        shape = tuple(int(s) for s in wanted)
+        if len(shape) != len(spec.shape) or any(
+            d is not None and d != s for d, s in zip(spec.shape, shape, strict=True)
+        ):
+            raise ModelLoadError(
+                self.path, f"input '{spec.name}' has shape {spec.shape}; cannot use {shape}"
+            )
+        return shape
 
     @property
     def active_providers(self) -> list[str]:

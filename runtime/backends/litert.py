@@ -201,13 +201,7 @@ class LiteRTBackend(Backend):
             wanted = input_shapes.get(spec.name)
             if wanted is None:
                 continue
-            shape = tuple(int(s) for s in wanted)
-            if len(shape) != len(spec.shape) or any(
-                d is not None and d != s for d, s in zip(spec.shape, shape, strict=True)
-            ):
-                raise ModelLoadError(
-                    self.path, f"input '{spec.name}' has shape {spec.shape}; cannot use {shape}"
-                )
+            shape = self._checked_shape(spec, wanted)
             if shape != tuple(int(d) for d in detail["shape"]):
                 resize.append((int(detail["index"]), shape))
             self._fixed.add(spec.name)

@@ -128,14 +128,7 @@ class OnnxBackend(Backend):
             if shape is None:
                 fixed.append(spec)
                 continue
-            if len(shape) != len(spec.shape) or any(
-                d is not None and d != s for d, s in zip(spec.shape, shape, strict=True)
-            ):
-                raise ModelLoadError(
-                    self.path,
-                    f"input '{spec.name}' has shape {spec.shape}; cannot use {tuple(shape)}",
-                )
-            fixed.append(TensorSpec(spec.name, tuple(int(s) for s in shape), spec.dtype))
+            fixed.append(TensorSpec(spec.name, self._checked_shape(spec, shape), spec.dtype))
         self._inputs = fixed
         # Output shapes: run once on zeros to learn them (covers dynamic outputs).
         if all(s.is_static for s in self._inputs):
