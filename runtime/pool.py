@@ -730,6 +730,11 @@ class WorkerPool:
         with self._lock:
             return sum(w.state in (_State.IDLE, _State.BUSY) for w in self._workers)
 
+    def queued(self, model: str) -> int:
+        """Requests of ``model`` waiting for a worker now."""
+        with self._lock:
+            return self._scheduler.queued(self._model_index(model))
+
     def restarts(self) -> int:
         return sum(w.restarts for w in self._workers)
 

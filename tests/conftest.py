@@ -30,6 +30,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.broker import Broker, start_broker
+
 REPO = Path(__file__).resolve().parent.parent
 OPSET = 17
 IR_VERSION = 9  # an IR version every ONNX Runtime since 1.15 reads, 1.31 included
@@ -218,3 +220,21 @@ def _no_leaked_segments() -> Iterator[None]:
     yield
     leaked = _own_segments() - before
     assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A real Mosquitto on a free 127.0.0.1 port for the whole session."""
+    broker = start_broker(tmp_path_factory.mktemp("mosquitto"))
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def own_mosquitto(tmp_path: Path) -> Iterator[Broker]:
+    """A Mosquitto of this test's own, which the test may stop and start again."""
+    workdir = tmp_path / "broker"
+    workdir.mkdir()
+    broker = start_broker(workdir)
+    yield broker
+    broker.stop()
