@@ -24,7 +24,7 @@ EXIT_ERROR = 2
 EXIT_TARGETS_MISSED = 3
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def parse_shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x"))
     except ValueError:
@@ -262,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--duration", type=float, default=5.0, help="seconds of load (default 5)")
     b.add_argument("--queue-bound", type=int, default=8, help="requests that may wait (default 8)")
-    b.add_argument("--input-shape", type=_shape, help="shape for dynamic inputs, e.g. 1x3x64x64")
+    b.add_argument(
+        "--input-shape", type=parse_shape, help="shape for dynamic inputs, e.g. 1x3x64x64"
+    )
     b.add_argument("--profile", default="auto", help="firmware profile name or path (auto)")
     b.add_argument("--json", metavar="PATH", help="write the results as JSON")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
@@ -277,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         "example:\n  edge-runtime targets cls.onnx --input-shape 1x3x48x192 --rounds 5",
     )
     t.add_argument("model")
-    t.add_argument("--input-shape", type=_shape, help="shape for dynamic inputs")
+    t.add_argument("--input-shape", type=parse_shape, help="shape for dynamic inputs")
     t.add_argument("--rounds", type=int, default=5, help="rounds; the median is reported")
     t.add_argument("--duration", type=float, default=3.0, help="seconds per phase (default 3)")
     t.add_argument("--queue-bound", type=int, default=4, help="queue bound B (default 4)")

@@ -49,9 +49,7 @@ class Broker:
             "max_packet_size 1048576\n"
         )
         log = (self.workdir / "mosquitto.log").open("ab")
-        self.proc = subprocess.Popen(
-            [mosquitto_binary(), "-c", str(conf)], stdout=log, stderr=log
-        )
+        self.proc = subprocess.Popen([mosquitto_binary(), "-c", str(conf)], stdout=log, stderr=log)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

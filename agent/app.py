@@ -1,0 +1,378 @@
+"""The agent process: wires config, capture, the runtime pool, pipelines, the decision log,
+actions and the local HTTP endpoint together, and takes them down in order.
+
+A part that can't start (a bundle that is missing, a model that does not load) is reported
+and left out; the rest of the agent runs. Shutdown order: stop capture, let pipelines
+finish the frame in flight, stop actions, flush the decision log, stop the pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.actions.dispatcher import ActionDispatcher, ActionEvent
+from agent.bundle import Bundle, load_bundle
+from agent.capture import Camera
+from agent.config import AgentConfig, PipelineConfig
+from agent.decisionlog import DecisionLog
+from agent.errors import AgentError
+from agent.http import LocalHttpServer
+from agent.metrics import AgentMetrics
+from agent.pipeline.runner import Decision, PipelineRunner, Stage
+from agent.policy import PolicySpec, parse_policy
+from agent.sensors import SensorSource, make_sensor
+from runtime import ModelConfig, ModelLoadError, PoolConfig, WorkerPool
+from runtime.profiles import load_profile
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 1.0
+
+
+@dataclass
+class Problem:
+    """Something that did not start, with the part and the reason (shown by health)."""
+
+    part: str
+    reason: str
+
+
+@dataclass
+class _Plan:
+    """A pipeline whose bundles loaded: its stages' bundles and model names."""
+
+    config: PipelineConfig
+    bundles: list[Bundle]
+    models: list[str]
+    policy: PolicySpec
+    line: str
+    max_crops: list[int] = field(default_factory=list)
+    padding: list[float] = field(default_factory=list)
+
+
+def pipeline_policy(cfg: AgentConfig, p: PipelineConfig, first: Bundle) -> PolicySpec:
+    """The pipeline's own policy, else its line's, else the bundle's defaults."""
+    if p.policy is not None:
+        return p.policy
+    line = cfg.lines.get(cfg.source_line(p.source))
+    if line is not None and line.policy is not None:
+        return line.policy
+    return parse_policy(first.manifest.policy or {}, str(first.path / "manifest.json"))
+
+
+def plan_pipelines(cfg: AgentConfig) -> tuple[list[_Plan], list[Problem]]:
+    """Load every pipeline's bundles; a pipeline whose bundle fails is left out."""
+    plans: list[_Plan] = []
+    problems: list[Problem] = []
+    for p in cfg.pipelines:
+        try:
+            bundles = [load_bundle(p.bundle), *(load_bundle(s.bundle) for s in p.chain)]
+            policy = pipeline_policy(cfg, p, bundles[0])
+        except AgentError as e:
+            problems.append(Problem(f"pipeline {p.name}", str(e)))
+            continue
+        models = [f"{p.name}.{i}" for i in range(len(bundles))]
+        plans.append(
+            _Plan(
+                p,
+                bundles,
+                models,
+                policy,
+                cfg.source_line(p.source),
+                [1, *(s.max_crops for s in p.chain)],
+                [0.0, *(s.padding for s in p.chain)],
+            )
+        )
+    return plans, problems
+
+
+class Agent:
+    """The running agent. ``start()``, then ``stop()`` (or use it as a context manager)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        on_decision: Callable[[Decision, str], None] | None = None,
+        http: bool = True,
+    ) -> None:
+        self.config = config
+        self.metrics = AgentMetrics()
+        self.on_decision = on_decision
+        self.problems: list[Problem] = []
+        self.cameras: dict[str, Camera] = {}
+        self.sensors: dict[str, SensorSource] = {}
+        self.runners: list[PipelineRunner] = []
+        self.pool: WorkerPool | None = None
+        self.http: LocalHttpServer | None = None
+        self._want_http = http
+        self._config_hash = config.digest()
+        self.state_dir = config.agent.state_dir
+        self.log = DecisionLog(
+            self.state_dir,
+            config.decision_log,
+            device_id=config.agent.device_id,
+            on_alarm=self._alarm,
+        )
+        self.dispatcher = ActionDispatcher(
+            config.actions.actions,
+            config.mqtt,
+            queue_bound=config.actions.queue_bound,
+            metrics=self.metrics,
+        )
+        self._stop = threading.Event()
+        self._stats_thread: threading.Thread | None = None
+        self.started_at = 0.0
+        self.first_decision_at: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> Agent:
+        self.started_at = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log.open()
+        plans, problems = plan_pipelines(self.config)
+        self.problems.extend(problems)
+        for p in problems:
+            log.error("%s not started: %s", p.part, p.reason)
+        plans = self._start_pool(plans)
+        self._start_sources({pl.config.source for pl in plans})
+        self.dispatcher.start()
+        for plan in plans:
+            self._start_runner(plan)
+        if self._want_http:
+            h = self.config.http
+            self.http = LocalHttpServer(
+                h.host,
+                h.port,
+                self.metrics,
+                health=self.health,
+                ready=self.ready,
+                allow_remote=h.allow_remote,
+            )
+            self.http.start()
+        self._stats_thread = threading.Thread(
+            target=self._stats_loop, name="agent-stats", daemon=True
+        )
+        self._stats_thread.start()
+        return self
+
+    def _start_pool(self, plans: list[_Plan]) -> list[_Plan]:
+        """Start the pool with every plan's models; a model that does not load takes its
+        pipeline out, and the pool starts again without it."""
+        rt = self.config.runtime
+        profile = load_profile(self.config.agent.profile)
+        overrides: dict[str, Any] = {"pin": rt.pin, "heartbeat_timeout_s": rt.heartbeat_timeout_s}
+        if rt.workers is not None:
+            overrides["workers"] = rt.workers
+        pool_cfg = PoolConfig.from_profile(profile, **overrides)
+        while plans:
+            models: list[ModelConfig] = []
+            for plan in plans:
+                for i, (bundle, name) in enumerate(zip(plan.bundles, plan.models, strict=True)):
+                    bound = max(8, 2 * plan.max_crops[i])
+                    models.append(bundle.model_config(name, queue_bound=bound))
+            pool = WorkerPool(models, pool_cfg)
+            try:
+                pool.start()
+            except ModelLoadError as e:
+                pool.close()
+                bad = [pl for pl in plans if any(str(b.model_file()) == e.path for b in pl.bundles)]
+                if not bad:
+                    raise
+                for pl in bad:
+                    self.problems.append(Problem(f"pipeline {pl.config.name}", str(e)))
+                    log.error("pipeline %s not started: %s", pl.config.name, e)  # noqa: TRY400
+                plans = [pl for pl in plans if pl not in bad]
+                continue
+            self.pool = pool
+            return plans
+        return plans
+
+    def _start_sources(self, used: set[str]) -> None:
+        for cam_cfg in self.config.cameras:
+            if cam_cfg.name in used:
+                cam = Camera(cam_cfg, on_state=self._camera_state)
+                self.cameras[cam_cfg.name] = cam
+                cam.start()
+        for sensor_cfg in self.config.sensors:
+            if sensor_cfg.name in used:
+                try:
+                    sensor = make_sensor(sensor_cfg, self.config.mqtt)
+                    sensor.start()
+                except AgentError as e:
+                    self.problems.append(Problem(f"sensor {sensor_cfg.name}", str(e)))
+                    log.error("sensor %s not started: %s", sensor_cfg.name, e)  # noqa: TRY400
+                    continue
+                self.sensors[sensor_cfg.name] = sensor
+
+    def _start_runner(self, plan: _Plan) -> None:
+        if self.pool is None:
+            raise RuntimeError("the pool is not started")
+        source = self.cameras.get(plan.config.source) or self.sensors.get(plan.config.source)
+        if source is None:
+            self.problems.append(
+                Problem(f"pipeline {plan.config.name}", "its source did not start")
+            )
+            return
+        stages = [
+            Stage.build(b, m, self.pool, max_crops=mc, padding=pad)
+            for b, m, mc, pad in zip(
+                plan.bundles, plan.models, plan.max_crops, plan.padding, strict=True
+            )
+        ]
+        name = plan.config.name
+        deadline = plan.config.deadline_ms / 1000 if plan.config.deadline_ms else None
+        runner = PipelineRunner(
+            name,
+            source_name=plan.config.source,
+            line=plan.line,
+            source=source,
+            pool=self.pool,
+            stages=stages,
+            policy=plan.policy,
+            config_hash=self._config_hash,
+            emit=self._emit,
+            on_error=self._error_sink(name),
+            deadline_s=deadline,
+        )
+        self.runners.append(runner)
+        runner.start()
+
+    def stop(self, timeout_s: float = 4.0) -> None:
+        """Stop capture, drain in-flight work, flush the log; bounded by ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        self._stop.set()
+        for cam in self.cameras.values():
+            cam.stop(timeout_s=0.5)
+        for sensor in self.sensors.values():
+            sensor.stop(timeout_s=0.5)
+        for r in self.runners:
+            r.stop()
+        for r in self.runners:
+            r.join(max(0.1, min(2.0, deadline - time.monotonic())))
+        self.dispatcher.stop(timeout_s=max(0.1, min(1.0, deadline - time.monotonic())))
+        self.log.close(timeout_s=max(0.5, deadline - time.monotonic() - 0.5))
+        if self.pool is not None:
+            self.pool.close(timeout_s=max(0.2, deadline - time.monotonic()))
+        if self.http is not None:
+            self.http.stop()
+
+    def __enter__(self) -> Agent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the decision sink -----------------------------------------------------------
+    def _emit(self, d: Decision) -> None:
+        rec = d.record
+        decision_id = self.log.append(rec)
+        e2e_s = (time.perf_counter_ns() - d.t_capture_ns) / 1e9
+        self.dispatcher.dispatch(
+            ActionEvent(
+                decision_id=decision_id,
+                outcome=rec.outcome,
+                source=rec.source,
+                line=rec.line,
+                capture_time=rec.capture_time,
+                decision_time=rec.decision_time,
+                model=rec.model_name,
+                model_version=rec.model_version,
+                score=d.result.score,
+                label=d.result.label,
+                summary=rec.outputs,
+            )
+        )
+        pipeline = self._pipeline_of(rec.source)
+        m = self.metrics
+        m.decisions.labels(pipeline=pipeline, outcome=rec.outcome).inc()
+        m.e2e_latency.labels(pipeline=pipeline).observe(e2e_s)
+        for stage, ms in rec.latencies_ms.items():
+            if stage != "e2e":
+                m.stage_latency.labels(pipeline=pipeline, stage=stage).observe(ms / 1000)
+        if self.first_decision_at is None:
+            self.first_decision_at = time.monotonic()
+        if self.on_decision is not None:
+            self.on_decision(d, decision_id)
+
+    def _pipeline_of(self, source: str) -> str:
+        for r in self.runners:
+            if r.source_name == source:
+                return r.name
+        return source
+
+    def _error_sink(self, pipeline: str) -> Callable[[str, str], None]:
+        return lambda reason, message: self._pipeline_error(pipeline, reason, message)
+
+    def _pipeline_error(self, pipeline: str, reason: str, message: str) -> None:
+        self.metrics.inference_errors.labels(pipeline=pipeline, reason=reason).inc()
+        log.warning("pipeline %s: %s", pipeline, message)
+
+    def _camera_state(self, name: str, up: bool, reason: str) -> None:
+        # the camera logs its own transitions; here they become the up/down gauge
+        self.metrics.camera_up.labels(camera=name).set(1 if up else 0)
+
+    def _alarm(self, kind: str, message: str) -> None:
+        self.metrics.alarms.labels(kind=kind).inc()
+        log.error("alarm %s: %s", kind, message)
+
+    # -- status ----------------------------------------------------------------------
+    def _stats_loop(self) -> None:
+        while not self._stop.wait(STATS_INTERVAL_S):
+            try:
+                self.update_gauges()
+            except Exception:  # metrics must never take the agent down; log and go on
+                log.exception("updating metrics failed")
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        for name, cam in self.cameras.items():
+            s = cam.stats()
+            m.camera_up.labels(camera=name).set(1 if s.up else 0)
+            m.fps.labels(camera=name).set(s.fps_measured)
+            m.set_counter(m.frames, s.frames_captured, camera=name)
+            m.set_counter(m.frames_dropped, s.frames_dropped, camera=name)
+            m.set_counter(m.camera_reopens, s.reopens, camera=name)
+        for name, sensor in self.sensors.items():
+            st = sensor.stats()
+            m.set_counter(m.sensor_readings, int(st.get("readings", 0)), sensor=name)
+            m.set_counter(m.sensor_bad_readings, int(st.get("bad_readings", 0)), sensor=name)
+        m.update_decision_log(self.log.stats())
+        if self.pool is not None:
+            for info in self.pool.models:
+                m.queue_depth.labels(queue=info.name).set(self.pool.queued(info.name))
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Alive: the pool has workers and the decision log writer runs."""
+        pool_ok = self.pool is not None and self.pool.degraded is None
+        details: dict[str, Any] = {
+            "pool": "ok" if pool_ok else (self.pool.degraded if self.pool else "not started"),
+            "decision_log": self.log.stats(),
+            "problems": [f"{p.part}: {p.reason}" for p in self.problems],
+        }
+        return (pool_ok or not self.config.pipelines), details
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Ready: every started pipeline runs and every camera delivers."""
+        cams = {n: c.up for n, c in self.cameras.items()}
+        ok = (
+            bool(self.runners)
+            and all(cams.values())
+            and (self.pool is not None and self.pool.ready_workers() > 0)
+        )
+        return ok, {"cameras": cams, "pipelines": [r.name for r in self.runners]}
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pipelines": {r.name: vars(r.stats) for r in self.runners},
+            "cameras": {n: dataclasses.asdict(c.stats()) for n, c in self.cameras.items()},
+            "decision_log": self.log.stats(),
+            "actions": self.dispatcher.stats(),
+            "problems": [f"{p.part}: {p.reason}" for p in self.problems],
+        }

@@ -1,0 +1,261 @@
+"""A camera: one capture thread that keeps its source open and hands over the newest frame.
+
+The thread paces reads (file, images, synthetic) or publishes at most ``fps`` frames
+(live sources), keeps only the latest frame, and reopens a failed source with exponential
+backoff, forever. Nothing a source does can raise out of ``start`` or into another camera.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.capture.backoff import Backoff
+from agent.capture.config import CameraConfig
+from agent.capture.frame import Frame
+from agent.capture.latest import LatestSlot
+from agent.capture.sources import EndOfStream, Image, Source, make_source
+from agent.errors import CaptureError
+
+logger = logging.getLogger(__name__)
+
+StateCallback = Callable[[str, bool, str], None]
+
+_IDLE_WAIT_S = 0.05  # after a read that gave no frame
+_FPS_WINDOW = 32  # frames the measured fps is taken over
+
+
+@dataclass(frozen=True, slots=True)
+class CameraStats:
+    """A snapshot of a camera's counters.
+
+    Attributes:
+        frames_captured: frames published (each got a ``seq``).
+        frames_dropped: published frames replaced before anyone took them.
+        reopens: attempts to open the source again after a failure.
+        up: the source is delivering frames.
+        last_error: why the source last failed ("" if it never did).
+        fps_measured: publish rate over the last frames (0 when none lately).
+        frames_skipped: live frames read but not published, to hold ``fps``.
+        errors: failures (open, read, stall, unexpected exceptions, callback errors).
+    """
+
+    frames_captured: int
+    frames_dropped: int
+    reopens: int
+    up: bool
+    last_error: str
+    fps_measured: float
+    frames_skipped: int = 0
+    errors: int = 0
+
+
+class Camera:
+    """Captures from one source in its own thread; consumers take the newest frame.
+
+    ``on_state(name, up, reason)`` is called from the capture thread when the camera goes
+    up or down (including the first failure of a source that never opens).
+    """
+
+    def __init__(self, config: CameraConfig, *, on_state: StateCallback | None = None) -> None:
+        self._config = config
+        self._on_state = on_state
+        self._slot: LatestSlot[Frame] = LatestSlot()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._up = False
+        self._reported: bool | None = None
+        self._last_error = ""
+        self._captured = 0
+        self._skipped = 0
+        self._reopens = 0
+        self._errors = 0
+        self._recent: deque[int] = deque(maxlen=_FPS_WINDOW)
+
+    @property
+    def name(self) -> str:
+        """The camera's configured name."""
+        return self._config.name
+
+    @property
+    def config(self) -> CameraConfig:
+        """The camera's configuration."""
+        return self._config
+
+    @property
+    def up(self) -> bool:
+        """True while the source delivers frames."""
+        return self._up
+
+    def start(self) -> None:
+        """Start the capture thread; never fails because of the source.
+
+        Raises:
+            CaptureError: the camera is already running.
+        """
+        if self._thread is not None and self._thread.is_alive():
+            raise CaptureError(self.name, "already started")
+        self._stop.clear()
+        self._slot.reopen()
+        self._thread = threading.Thread(target=self._run, name=f"camera-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop capturing and wake waiting consumers; waits up to ``timeout_s`` for the thread."""
+        self._stop.set()
+        self._slot.close()
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(max(0.0, timeout_s))
+        if thread.is_alive():
+            logger.warning(
+                "camera %s: capture thread still inside a source call after %.1f s; "
+                "it ends when that call returns",
+                self.name,
+                timeout_s,
+            )
+
+    def latest(self, timeout_s: float) -> Frame | None:
+        """The newest frame not yet taken, waiting up to ``timeout_s``; None on timeout or stop."""
+        return self._slot.take(timeout_s)
+
+    def stats(self) -> CameraStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return CameraStats(
+                frames_captured=self._captured,
+                frames_dropped=self._slot.dropped,
+                reopens=self._reopens,
+                up=self._up,
+                last_error=self._last_error,
+                fps_measured=self._fps(),
+                frames_skipped=self._skipped,
+                errors=self._errors,
+            )
+
+    def _fps(self) -> float:
+        if len(self._recent) < 2:
+            return 0.0
+        idle_ns = time.perf_counter_ns() - self._recent[-1]
+        if idle_ns > self._config.stall_timeout_s * 1e9:
+            return 0.0
+        span_ns = self._recent[-1] - self._recent[0]
+        return (len(self._recent) - 1) * 1e9 / span_ns if span_ns > 0 else 0.0
+
+    # --- the capture thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        c = self._config
+        backoff = Backoff(c.backoff_initial_s, c.backoff_max_s)
+        attempt = 0
+        while not self._stop.is_set():
+            if attempt:
+                with self._lock:
+                    self._reopens += 1
+            attempt += 1
+            try:
+                if self._session(backoff):
+                    return
+            except CaptureError as e:
+                self._failed(e.reason, backoff)
+            except Exception as e:  # a bug in one source must not end its camera
+                logger.exception("camera %s: unexpected error in capture", self.name)
+                self._failed(f"{type(e).__name__}: {e}", backoff)
+        self._set_state(up=False, reason="stopped")
+
+    def _failed(self, reason: str, backoff: Backoff) -> None:
+        delay = backoff.next()
+        with self._lock:
+            self._errors += 1
+            self._last_error = reason
+        logger.warning("camera %s: %s; reopening in %.1f s", self.name, reason, delay)
+        self._set_state(up=False, reason=reason)
+        self._stop.wait(delay)
+
+    def _session(self, backoff: Backoff) -> bool:
+        """Open the source and pump it until it fails or we stop; True when it ended."""
+        source = make_source(self._config)
+        try:
+            source.open()
+            self._pump(source, backoff)
+        except EndOfStream as e:
+            with self._lock:
+                self._last_error = e.reason
+            logger.info("camera %s: %s", self.name, e.reason)
+            self._set_state(up=False, reason=e.reason)
+            return True
+        finally:
+            try:
+                source.close()
+            except Exception:
+                logger.exception("camera %s: closing the source failed", self.name)
+                with self._lock:
+                    self._errors += 1
+        return False
+
+    def _pump(self, source: Source, backoff: Backoff) -> None:
+        c = self._config
+        period_ns = int(1e9 / c.fps)
+        stall_ns = int(c.stall_timeout_s * 1e9)
+        last_frame_ns = time.perf_counter_ns()
+        next_ns = last_frame_ns  # paced: when to read next; live: earliest next publish
+        while not self._stop.is_set():
+            image = source.read()
+            t_ns = time.perf_counter_ns()
+            wall = time.time()
+            if image is None:
+                if t_ns - last_frame_ns > stall_ns:
+                    raise CaptureError(self.name, f"no frame for {c.stall_timeout_s:g} s")
+                self._stop.wait(min(_IDLE_WAIT_S, period_ns / 1e9))
+                continue
+            last_frame_ns = t_ns
+            if source.live:
+                if t_ns + period_ns // 20 < next_ns:
+                    with self._lock:
+                        self._skipped += 1
+                    continue
+                next_ns = max(next_ns + period_ns, t_ns + period_ns // 2)
+                self._publish(image, t_ns, wall, backoff)
+                continue
+            self._publish(image, t_ns, wall, backoff)
+            next_ns += period_ns
+            now = time.perf_counter_ns()
+            if next_ns < now - period_ns:
+                next_ns = now  # fell behind by more than a frame: no burst to catch up
+            if next_ns > now:
+                self._stop.wait((next_ns - now) / 1e9)
+
+    def _publish(self, image: Image, t_ns: int, wall: float, backoff: Backoff) -> None:
+        image.flags.writeable = False
+        with self._lock:
+            seq = self._captured
+            self._captured += 1
+            self._recent.append(t_ns)
+            was_up = self._up
+        self._slot.put(Frame(self.name, seq, image, t_ns, wall))
+        if not was_up:
+            backoff.reset()
+            self._set_state(up=True, reason="capturing")
+
+    def _set_state(self, *, up: bool, reason: str) -> None:
+        with self._lock:
+            self._up = up
+            if self._reported is up:
+                return
+            self._reported = up
+        if up:
+            logger.info("camera %s: up", self.name)
+        if self._on_state is None:
+            return
+        try:
+            self._on_state(self.name, up, reason)
+        except Exception:
+            logger.exception("camera %s: on_state callback failed", self.name)
+            with self._lock:
+                self._errors += 1

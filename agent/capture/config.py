@@ -1,0 +1,115 @@
+"""The ``[[cameras]]`` section: one capture source and how to keep it running."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from agent.configbase import Section
+
+CameraKind = Literal["v4l2", "rtsp", "http", "file", "images", "synthetic"]
+
+_URL_SCHEMES: dict[str, tuple[str, ...]] = {
+    "rtsp": ("rtsp://", "rtsps://"),
+    "http": ("http://", "https://"),
+}
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class CameraConfig(Section):
+    """One camera: where frames come from, how fast, and how a lost source is retried."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=64,
+        description="Unique camera name; letters, digits, '_', '.', '-' (used in topics).",
+    )
+    kind: CameraKind = Field(
+        description=(
+            "Source kind: v4l2 (local device), rtsp, http (MJPEG), file (a video), "
+            "images (a directory of images), synthetic (a generated test pattern)."
+        )
+    )
+    uri: str = Field(
+        "",
+        validate_default=True,
+        description=(
+            "Device path (/dev/video0) or index (0) for v4l2; rtsp:// or http(s):// URL; "
+            "video file path; image directory; empty for synthetic."
+        ),
+    )
+    fps: float = Field(
+        10.0,
+        gt=0,
+        le=1000,
+        description=(
+            "Target frames per second. File, image and synthetic sources are read at "
+            "this pace; live sources are read as fast as they deliver, at most this "
+            "many frames per second are published."
+        ),
+    )
+    loop: bool = Field(
+        True, description="Start over at the end of a video file or image directory."
+    )
+    width: int = Field(
+        640, ge=16, le=16384, description="Synthetic frame width; requested width for v4l2."
+    )
+    height: int = Field(
+        480, ge=16, le=16384, description="Synthetic frame height; requested height for v4l2."
+    )
+    pattern: Literal["bars", "checker", "noise"] = Field(
+        "bars", description="Synthetic pattern: a moving bar, a moving checkerboard, or noise."
+    )
+    stall_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description=(
+            "A source that delivers no frame for this long is closed and reopened; also "
+            "the read timeout given to OpenCV for network streams."
+        ),
+    )
+    open_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Longest wait for a network stream to open (OpenCV open timeout).",
+    )
+    backoff_initial_s: float = Field(
+        0.5, gt=0, le=3600, description="First wait before reopening a failed source."
+    )
+    backoff_max_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        validate_default=True,
+        description="Longest wait between reopen attempts; the wait doubles up to this.",
+    )
+    line: str = Field("", description="Production line this camera watches (for policy).")
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, uri: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind is None or kind == "synthetic":
+            return uri
+        if not uri:
+            raise ValueError(f"uri is required for a camera of kind {kind!r}")
+        schemes = _URL_SCHEMES.get(kind)
+        if schemes and not uri.lower().startswith(schemes):
+            raise ValueError(
+                f"uri {uri!r} of a {kind} camera must start with {' or '.join(schemes)}"
+            )
+        return uri
+
+    @field_validator("backoff_max_s")
+    @classmethod
+    def _check_backoff(cls, backoff_max_s: float, info: ValidationInfo) -> float:
+        initial = info.data.get("backoff_initial_s")
+        if initial is not None and backoff_max_s < initial:
+            raise ValueError(
+                f"backoff_max_s ({backoff_max_s}) is less than backoff_initial_s ({initial})"
+            )
+        return backoff_max_s

@@ -1,0 +1,283 @@
+"""``edge-agent``: run the device agent, check its config, read its decision log, bench it.
+
+The library raises; this module turns its errors into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from agent.config import AgentConfig, load_config
+from agent.errors import AgentError
+from runtime.errors import EdgeRuntimeError
+
+EXIT_ERROR = 2
+DEFAULT_CONFIG = "/etc/edgefleet/agent.toml"
+
+EPILOG_RUN = """example:
+  edge-agent run --config agent.toml --echo
+  edge-agent check-config --config agent.toml
+  edge-agent decisions --config agent.toml --since 1h --outcome reject --format csv
+  edge-agent decisions show 0192f3c4-... --config agent.toml
+  edge-agent bench --bundle bundles/cls --source line.avi --duration 10 --json bench.json
+"""
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    return load_config(Path(args.config))
+
+
+def _echo(decision: Any, decision_id: str) -> None:
+    rec = decision.record
+    e2e = rec.latencies_ms.get("e2e", 0.0)
+    crops = rec.outputs.get("crops")
+    if crops is not None:  # a chain: what the last stage said of each crop
+        seen = " ".join(f"{c['label']}:{c['score']:.2f}" for c in crops) or "nothing"
+    else:
+        seen = f"{decision.result.label or '-'}:{decision.result.score:.3f}"
+    print(
+        f"{time.strftime('%H:%M:%S')} {rec.source:<8} {rec.outcome:<7} e2e {e2e:7.2f} ms  "
+        f"{decision_id}  {seen}",
+        flush=True,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent.app import Agent  # noqa: PLC0415 - check-config and decisions stay light
+
+    cfg = _config(args)
+    logging.getLogger().setLevel(cfg.agent.log_level.upper())
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    agent = Agent(cfg, on_decision=_echo if args.echo else None)
+    agent.start()
+    for p in agent.problems:
+        print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr)
+    try:
+        stop.wait(args.duration if args.duration else None)
+    finally:
+        agent.stop()
+    if args.stats:
+        print(json.dumps(agent.stats(), indent=2, default=str))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from agent.app import plan_pipelines  # noqa: PLC0415 - keep other commands light
+
+    cfg = _config(args)
+    _, problems = plan_pipelines(cfg)
+    report = {
+        "config": args.config,
+        "device_id": cfg.agent.device_id,
+        "state_dir": str(cfg.agent.state_dir),
+        "cameras": [c.name for c in cfg.cameras],
+        "sensors": [s.name for s in cfg.sensors],
+        "pipelines": [p.name for p in cfg.pipelines],
+        "problems": [f"{p.part}: {p.reason}" for p in problems],
+        "config_hash": cfg.digest(),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for p in problems:
+            print(f"edge-agent: {p.part}: {p.reason}", file=sys.stderr)
+        if not problems:
+            print(
+                f"{args.config}: ok ({len(cfg.cameras)} camera(s), {len(cfg.sensors)} "
+                f"sensor(s), {len(cfg.pipelines)} pipeline(s))"
+            )
+    return EXIT_ERROR if problems else 0
+
+
+def _db_path(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The decision log database and the state directory its thumbnails are under."""
+    if args.db:
+        return Path(args.db), Path(args.db).parent
+    cfg = _config(args)
+    return cfg.agent.state_dir / cfg.decision_log.path, cfg.agent.state_dir
+
+
+def cmd_decisions(args: argparse.Namespace) -> int:
+    from agent.decisionlog.query import format_rows, get, parse_time, query  # noqa: PLC0415 - keep other commands light
+
+    db, state_dir = _db_path(args)
+    if not db.exists():
+        raise AgentError(f"no decision log at {db}")
+    if args.show:
+        row = get(db, args.show)
+        if row is None:
+            raise AgentError(f"no decision with id {args.show} in {db}")
+        thumb = row.get("thumbnail")
+        row["thumbnail_path"] = str(state_dir / thumb) if thumb else None
+        print(json.dumps(row, indent=2, default=str))
+        return 0
+    try:
+        since = parse_time(args.since) if args.since else None
+        until = parse_time(args.until) if args.until else None
+    except ValueError as e:
+        raise AgentError(str(e)) from None
+    rows = query(
+        db,
+        since=since,
+        until=until,
+        source=args.source,
+        outcome=args.outcome,
+        model_version=args.model_version,
+        limit=args.limit,
+    )
+    sys.stdout.write(format_rows(rows, args.format))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from agent.bench import format_report, run_agent_bench  # noqa: PLC0415 - keep other commands light
+
+    report = run_agent_bench(
+        Path(args.bundle),
+        args.source,
+        duration_s=args.duration,
+        load=args.load,
+        workers=args.workers,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        progress=not args.quiet,
+    )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    return 0
+
+
+def cmd_bench_log(args: argparse.Namespace) -> int:
+    import tempfile  # noqa: PLC0415
+
+    from agent.decisionlog.bench import bench_writer  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="edge-agent-bench-log-") as tmp:
+        report = bench_writer(Path(tmp), rows=args.rows)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    w, raw = report["writer_rows_per_s"], report["raw_executemany_rows_per_s"]
+    ok_rate = "met" if w >= 20_000 else "NOT met"
+    ok_ratio = "met" if report["ratio"] >= 0.5 else "NOT met"
+    print(
+        f"decision-log writer {w:,.0f} rows/s (target >= 20,000: {ok_rate}); raw executemany "
+        f"{raw:,.0f} rows/s; ratio {report['ratio']:.2f} (target >= 0.5: {ok_ratio})"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-agent",
+        description="The edgefleet device agent.",
+        epilog=EPILOG_RUN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", default=DEFAULT_CONFIG, help=f"(default {DEFAULT_CONFIG})")
+
+    run = sub.add_parser(
+        "run",
+        help="run the agent until SIGTERM",
+        epilog="example: edge-agent run --config agent.toml --echo",
+    )
+    with_config(run)
+    run.add_argument("--echo", action="store_true", help="print each decision as it is made")
+    run.add_argument("--duration", type=float, default=0, help="stop after S seconds (0: never)")
+    run.add_argument("--stats", action="store_true", help="print counters as JSON at exit")
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser(
+        "check-config",
+        help="validate the config and its bundles without running",
+        epilog="example: edge-agent check-config --config agent.toml --json",
+    )
+    with_config(check)
+    check.add_argument("--json", action="store_true", help="print a JSON report")
+    check.set_defaults(func=cmd_check_config)
+
+    dec = sub.add_parser(
+        "decisions",
+        help="list decisions from the log (newest first), or show one",
+        epilog="examples:\n  edge-agent decisions --since 2h --outcome reject\n"
+        "  edge-agent decisions show ID",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dec.add_argument("show_word", nargs="?", choices=["show"], help=argparse.SUPPRESS)
+    dec.add_argument("show", nargs="?", help="with 'show': the decision id")
+    with_config(dec)
+    dec.add_argument("--db", help="read this database instead of the config's")
+    dec.add_argument("--since", help="ISO time or age like 15m, 2h, 1d")
+    dec.add_argument("--until", help="ISO time or age like 15m, 2h, 1d")
+    dec.add_argument("--source", help="camera or sensor name")
+    dec.add_argument("--outcome", help="pass, reject, review, ...")
+    dec.add_argument("--model-version", help="model version")
+    dec.add_argument("--limit", type=int, default=50)
+    dec.add_argument("--format", choices=["table", "csv", "jsonl"], default="table")
+    dec.set_defaults(func=cmd_decisions)
+
+    bench = sub.add_parser(
+        "bench",
+        help="the whole hot path on the real pool vs the bare runtime",
+        epilog="example: edge-agent bench --bundle bundles/cls --source line.avi --json b.json",
+    )
+    bench.add_argument("--bundle", required=True, help="bundle directory")
+    bench.add_argument("--source", required=True, help="video file to capture from")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds of load")
+    bench.add_argument("--load", type=float, default=0.6, help="fraction of capacity offered")
+    bench.add_argument("--workers", type=int, default=None, help="pool workers")
+    bench.add_argument("--state-dir", help="where the bench's decision log goes (default: temp)")
+    bench.add_argument("--json", help="write the report here")
+    bench.add_argument("--quiet", action="store_true", help="no progress display")
+    bench.set_defaults(func=cmd_bench)
+
+    blog = sub.add_parser(
+        "bench-log",
+        help="decision-log writer rows/s vs raw executemany, same pragmas",
+        epilog="example: edge-agent bench-log --rows 200000 --json log.json",
+    )
+    blog.add_argument("--rows", type=int, default=200_000, help="rows to write")
+    blog.add_argument("--json", help="write the report here")
+    blog.set_defaults(func=cmd_bench_log)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "decisions" and args.show_word is None and args.show is not None:
+        parser.error(f"decisions: unexpected argument {args.show!r} (did you mean 'show ID'?)")
+    if args.command == "decisions" and args.show_word == "show" and not args.show:
+        parser.error("decisions show: give a decision id")
+    try:
+        return int(args.func(args))
+    except (AgentError, EdgeRuntimeError) as e:
+        print(f"edge-agent: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

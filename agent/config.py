@@ -1,0 +1,231 @@
+"""The agent's configuration file (TOML): typed, strict, with errors naming file and field.
+
+Each subsystem declares its own section model next to its code; this module composes
+them, resolves relative paths against the config file's directory, and checks the
+cross-references (a pipeline's source must be a camera or sensor, a line's policy may
+only name the outcomes the line defines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from agent.actions.config import ActionsConfig
+from agent.capture.config import CameraConfig
+from agent.configbase import Section
+from agent.decisionlog.config import DecisionLogConfig
+from agent.errors import ConfigError
+from agent.http import HttpConfig
+from agent.mqtt_config import LocalMqttConfig
+from agent.policy import STANDARD_OUTCOMES, PolicySpec
+from agent.sensors.config import SensorConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+
+class AgentSection(Section):
+    """Who this device is and where it keeps its data."""
+
+    device_id: str = Field(
+        default_factory=socket.gethostname, description="Device id (default: host name)."
+    )
+    state_dir: Path = Field(
+        Path("/var/lib/edgefleet"),
+        description="Directory for the decision log, thumbnails and other state; a relative "
+        "path is taken from the config file's directory.",
+    )
+    profile: str = Field("auto", description="Firmware profile name or TOML path; auto detects.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the agent process."
+    )
+
+
+class RuntimeSection(Section):
+    """Overrides of the firmware profile's worker pool settings."""
+
+    workers: int | None = Field(None, ge=1, description="Worker processes (default: profile).")
+    pin: bool = Field(True, description="Pin each worker to one core.")
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="A worker silent this long between requests is replaced."
+    )
+
+
+class ChainStage(Section):
+    """A model run on every detection of the stage before (e.g. a classifier on crops)."""
+
+    bundle: Path = Field(description="Bundle directory of this stage's model.")
+    max_crops: int = Field(8, ge=1, le=64, description="At most this many crops per frame.")
+    padding: float = Field(0.05, ge=0, le=1, description="Crop padding, fraction of box size.")
+
+
+class PipelineConfig(Section):
+    """One source's frames (or sensor windows) through one model or a chain."""
+
+    name: str = Field(description="Pipeline name, used in metrics and the decision log.")
+    source: str = Field(description="Name of the camera or sensor this pipeline reads.")
+    bundle: Path = Field(description="Bundle directory of the first (or only) model.")
+    chain: list[ChainStage] = Field(
+        default_factory=list, description="Models run on the first model's detections."
+    )
+    policy: PolicySpec | None = Field(
+        None, description="Rules for this pipeline (default: the line's, then the bundle's)."
+    )
+    deadline_ms: float | None = Field(
+        None, gt=0, description="Drop a frame whose inference would start later than this."
+    )
+
+
+class LineConfig(Section):
+    """A production line: the outcomes it knows and its default policy."""
+
+    outcomes: list[str] = Field(
+        default_factory=lambda: list(STANDARD_OUTCOMES),
+        description="Outcome names this line defines.",
+    )
+    policy: PolicySpec | None = Field(None, description="Policy for this line's pipelines.")
+
+
+class AgentConfig(Section):
+    """The whole agent configuration file."""
+
+    agent: AgentSection = Field(default_factory=AgentSection, description="This device.")
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection, description="Worker pool.")
+    mqtt: LocalMqttConfig = Field(default_factory=LocalMqttConfig, description="Local broker.")
+    http: HttpConfig = Field(default_factory=HttpConfig, description="Local HTTP endpoint.")
+    decision_log: DecisionLogConfig = Field(
+        default_factory=DecisionLogConfig, description="Decision log."
+    )
+    actions: ActionsConfig = Field(default_factory=ActionsConfig, description="Actions.")
+    cameras: list[CameraConfig] = Field(default_factory=list, description="Cameras.")
+    sensors: list[SensorConfig] = Field(default_factory=list, description="Sensors.")
+    lines: dict[str, LineConfig] = Field(default_factory=dict, description="Production lines.")
+    pipelines: list[PipelineConfig] = Field(default_factory=list, description="Pipelines.")
+
+    @field_validator("cameras", "sensors", "pipelines")
+    @classmethod
+    def _unique_names(cls, items: list[Any]) -> list[Any]:
+        seen: set[str] = set()
+        for item in items:
+            if item.name in seen:
+                raise ValueError(f"name '{item.name}' is used twice")
+            seen.add(item.name)
+        return items
+
+    def source_line(self, source: str) -> str:
+        for cam in self.cameras:
+            if cam.name == source:
+                return cam.line
+        for sensor in self.sensors:
+            if sensor.name == source:
+                return sensor.line
+        raise KeyError(source)
+
+    def digest(self) -> str:
+        """The config hash every decision records (sha256 of the canonical JSON)."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _cross_check(cfg: AgentConfig, path: str) -> None:
+    sources = {c.name for c in cfg.cameras} | {s.name for s in cfg.sensors}
+    for i, p in enumerate(cfg.pipelines):
+        if p.source not in sources:
+            known = ", ".join(sorted(sources)) or "none configured"
+            raise ConfigError(
+                path, f"pipelines[{i}].source", f"no camera or sensor '{p.source}' ({known})"
+            )
+        line = cfg.source_line(p.source)
+        allowed = set(cfg.lines[line].outcomes) if line in cfg.lines else None
+        if p.policy is not None and allowed is not None:
+            extra = p.policy.outcomes() - allowed
+            if extra:
+                raise ConfigError(
+                    path,
+                    f"pipelines[{i}].policy",
+                    f"outcome(s) {sorted(extra)} not defined by line '{line}' {sorted(allowed)}",
+                )
+    for name, line_cfg in cfg.lines.items():
+        if line_cfg.policy is not None:
+            extra = line_cfg.policy.outcomes() - set(line_cfg.outcomes)
+            if extra:
+                raise ConfigError(
+                    path, f"lines.{name}.policy", f"outcome(s) {sorted(extra)} not in outcomes"
+                )
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    agent = data.get("agent")
+    if isinstance(agent, dict) and isinstance(agent.get("state_dir"), str):
+        agent["state_dir"] = str(base / agent["state_dir"])
+    for pipe in data.get("pipelines") or []:
+        if not isinstance(pipe, dict):
+            continue
+        if isinstance(pipe.get("bundle"), str):
+            pipe["bundle"] = str(base / pipe["bundle"])
+        for stage in pipe.get("chain") or []:
+            if isinstance(stage, dict) and isinstance(stage.get("bundle"), str):
+                stage["bundle"] = str(base / stage["bundle"])
+    for sensor in data.get("sensors") or []:
+        if isinstance(sensor, dict) and sensor.get("kind") == "replay" and sensor.get("path"):
+            sensor["path"] = str(base / sensor["path"])
+    for cam in data.get("cameras") or []:
+        if isinstance(cam, dict) and cam.get("kind") in ("file", "images") and cam.get("uri"):
+            cam["uri"] = str(base / cam["uri"])
+
+
+def parse_config(data: dict[str, Any], path: str = "", base: Path | None = None) -> AgentConfig:
+    """Validate an already-parsed config mapping.
+
+    Raises:
+        ConfigError: naming ``path`` and the first offending field (all of them in the
+            message when several are wrong).
+    """
+    if base is not None:
+        _resolve_paths(data, base)
+    try:
+        cfg = AgentConfig.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        first = errors[0]
+        field = _dotted(tuple(first["loc"]))
+        reason = first["msg"]
+        if first["type"] == "extra_forbidden":
+            reason = "unknown key"
+        if len(errors) > 1:
+            others = "; ".join(f"{_dotted(tuple(x['loc']))}: {x['msg']}" for x in errors[1:4])
+            reason += f" (and {len(errors) - 1} more: {others})"
+        raise ConfigError(path, field, reason) from None
+    _cross_check(cfg, path)
+    return cfg
+
+
+def load_config(path: Path) -> AgentConfig:
+    """Read and validate ``path`` (TOML). Relative paths inside are taken from its directory.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or not a valid configuration.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(path), "", f"can't read: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(path), "", f"not valid TOML: {e}") from None
+    return parse_config(data, str(path), path.resolve().parent)

@@ -1,0 +1,151 @@
+"""The agent's Prometheus metrics, in a registry of its own (never the global one).
+
+One :class:`AgentMetrics` per agent, so that tests, or two agents in one process, don't
+share counters. Names start with ``edgefleet_``; counters get ``_total`` in the text.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The media type of :meth:`AgentMetrics.render`: Prometheus text format 0.0.4."""
+
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.00075,
+    0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075,
+    0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+    0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0,
+)  # fmt: skip
+"""Latency buckets in seconds: 0.1 ms .. 2 s, fine-grained between 0.5 and 50 ms."""
+
+
+class AgentMetrics:
+    """Every metric the agent exposes on ``/metrics``. Thread-safe (prometheus-client)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        # capture
+        self.frames = Counter(
+            "edgefleet_frames_captured", "Frames read from a camera.", ["camera"], registry=r
+        )
+        self.frames_dropped = Counter(
+            "edgefleet_frames_dropped",
+            "Frames captured but not processed (pipeline busy, queue full).",
+            ["camera"],
+            registry=r,
+        )
+        self.camera_up = Gauge(
+            "edgefleet_camera_up", "1 while the camera delivers frames, else 0.", ["camera"],
+            registry=r,
+        )  # fmt: skip
+        self.camera_reopens = Counter(
+            "edgefleet_camera_reopens", "Times a camera was reopened after a failure.",
+            ["camera"], registry=r,
+        )  # fmt: skip
+        self.fps = Gauge(
+            "edgefleet_camera_fps", "Measured frames per second of a camera.", ["camera"],
+            registry=r,
+        )  # fmt: skip
+        # pipelines
+        self.stage_latency = Histogram(
+            "edgefleet_stage_latency_seconds",
+            "Time spent in one stage of a pipeline.",
+            ["pipeline", "stage"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e_latency = Histogram(
+            "edgefleet_e2e_latency_seconds",
+            "From the frame's capture time to the decision.",
+            ["pipeline"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "edgefleet_decisions", "Decisions made, by outcome.", ["pipeline", "outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.inference_errors = Counter(
+            "edgefleet_inference_errors", "Inferences that failed, by reason.",
+            ["pipeline", "reason"], registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge(
+            "edgefleet_queue_depth", "Items waiting in a bounded queue.", ["queue"], registry=r
+        )
+        # actions
+        self.actions = Counter(
+            "edgefleet_actions",
+            "Action deliveries by result: sent, failed, dropped, timeout.",
+            ["action", "result"],
+            registry=r,
+        )
+        # decision log
+        self.decision_log_queued = Gauge(
+            "edgefleet_decision_log_queued", "Decisions waiting to be written.", registry=r
+        )
+        self.decision_log_written = Counter(
+            "edgefleet_decision_log_written", "Decisions written to the log.", registry=r
+        )
+        self.decision_log_dropped = Counter(
+            "edgefleet_decision_log_dropped",
+            "Decisions not written because the writer's queue was full.",
+            registry=r,
+        )
+        self.decision_log_evicted = Counter(
+            "edgefleet_decision_log_evicted",
+            "Logged decisions deleted to stay within the disk budget.",
+            registry=r,
+        )
+        # sensors and alarms
+        self.sensor_readings = Counter(
+            "edgefleet_sensor_readings", "Sensor readings received.", ["sensor"], registry=r
+        )
+        self.sensor_bad_readings = Counter(
+            "edgefleet_sensor_bad_readings",
+            "Sensor readings rejected (malformed, out of range).",
+            ["sensor"],
+            registry=r,
+        )
+        self.alarms = Counter("edgefleet_alarms", "Alarms raised, by kind.", ["kind"], registry=r)
+
+        self._totals_lock = threading.Lock()
+        self._totals: dict[tuple[Counter, tuple[tuple[str, str], ...]], float] = {}
+
+    def set_counter(self, counter: Counter, total: float, **labels: str) -> None:
+        """Bring a counter up to ``total``, a running total some part keeps itself (a
+        camera's frames). A total lower than the last one (the part restarted its count)
+        adds the new total, so the counter never goes down.
+        """
+        key = (counter, tuple(sorted(labels.items())))
+        with self._totals_lock:
+            last = self._totals.get(key, 0.0)
+            self._totals[key] = total
+        delta = total - last if total >= last else total
+        child = counter.labels(**labels) if labels else counter
+        if delta > 0:
+            child.inc(delta)
+
+    def update_decision_log(self, stats: Mapping[str, Any]) -> None:
+        """Take the decision log's own figures: ``queued`` (now), and the running totals
+        ``written``, ``dropped``, ``evicted``; a key that is missing is left alone.
+        """
+        if "queued" in stats:
+            self.decision_log_queued.set(float(stats["queued"]))
+        for key, counter in (
+            ("written", self.decision_log_written),
+            ("dropped", self.decision_log_dropped),
+            ("evicted", self.decision_log_evicted),
+        ):
+            if key in stats:
+                self.set_counter(counter, float(stats[key]))
+
+    def render(self) -> bytes:
+        """Every metric in Prometheus text format (:data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

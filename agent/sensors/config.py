@@ -1,0 +1,87 @@
+"""The ``[[sensors]]`` section: where numeric readings come from and how they are windowed."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from agent.configbase import Section
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+REPLAY_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+
+
+class SensorConfig(Section):
+    """One sensor: an MQTT topic on the local broker, or a file replayed at a fixed rate."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=64,
+        description="Unique sensor name; letters, digits, '_', '.', '-'.",
+    )
+    kind: Literal["mqtt", "replay"] = Field(
+        description="mqtt: readings from a local MQTT topic; replay: readings from a file."
+    )
+    topic: str = Field(
+        "",
+        validate_default=True,
+        description="MQTT topic the readings arrive on (kind mqtt); one topic, no wildcards.",
+    )
+    path: str = Field(
+        "",
+        validate_default=True,
+        description="File to replay (kind replay): .csv with a header, or .jsonl/.ndjson.",
+    )
+    fields: list[str] = Field(
+        min_length=1,
+        description=(
+            "Names of the values in each reading, in tensor order: JSON object keys or "
+            "CSV columns; a bare number is one field."
+        ),
+    )
+    window: int = Field(
+        1,
+        ge=1,
+        le=100_000,
+        description="Readings per window; the tensor is (1, window, fields), or (1, fields) for 1.",
+    )
+    stride: int = Field(
+        1, ge=1, le=100_000, description="New readings between one window and the next."
+    )
+    rate_hz: float = Field(
+        10.0, gt=0, le=100_000, description="Replay rate in readings per second (kind replay)."
+    )
+    loop: bool = Field(True, description="Replay the file again from the start at its end.")
+    line: str = Field("", description="Production line this sensor belongs to (for policy).")
+
+    @field_validator("topic")
+    @classmethod
+    def _check_topic(cls, topic: str, info: ValidationInfo) -> str:
+        if info.data.get("kind") != "mqtt":
+            return topic
+        if not topic:
+            raise ValueError("topic is required for an mqtt sensor")
+        if "+" in topic or "#" in topic:
+            raise ValueError(f"topic {topic!r} has a wildcard; a sensor reads one topic")
+        return topic
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, path: str, info: ValidationInfo) -> str:
+        if info.data.get("kind") != "replay":
+            return path
+        if not path:
+            raise ValueError("path is required for a replay sensor")
+        if not path.lower().endswith(REPLAY_SUFFIXES):
+            raise ValueError(f"path {path!r} must end with one of {', '.join(REPLAY_SUFFIXES)}")
+        return path
+
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, fields: list[str]) -> list[str]:
+        if any(not f.strip() for f in fields):
+            raise ValueError("field names must not be empty")
+        if len(set(fields)) != len(fields):
+            raise ValueError(f"field names repeat: {fields}")
+        return fields
