@@ -67,12 +67,16 @@ def pipeline_policy(cfg: AgentConfig, p: PipelineConfig, first: Bundle) -> Polic
 
 
 def plan_pipelines(cfg: AgentConfig) -> tuple[list[_Plan], list[Problem]]:
-    """Load every pipeline's bundles; a pipeline whose bundle fails is left out."""
+    """Load every pipeline's bundles; a pipeline whose bundle fails to load or does not
+    list this device's firmware profile is left out."""
     plans: list[_Plan] = []
     problems: list[Problem] = []
+    profile = load_profile(cfg.agent.profile).name
     for p in cfg.pipelines:
         try:
             bundles = [load_bundle(p.bundle), *(load_bundle(s.bundle) for s in p.chain)]
+            for b in bundles:
+                b.check_profile(profile)
             policy = pipeline_policy(cfg, p, bundles[0])
         except AgentError as e:
             problems.append(Problem(f"pipeline {p.name}", str(e)))

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,3 +39,16 @@ def test_readme_runtime_example_runs_and_prints_what_it_says(real_models_dir: Pa
     expected = re.findall(r"# (\(1, 2\)|2)$", block, flags=re.MULTILINE)
     assert proc.stdout.split() == ["(1,", "2)", "2"], proc.stdout
     assert expected == ["(1, 2)", "2"]
+
+
+def test_readme_agent_config_is_a_valid_config() -> None:
+    from agent.config import parse_config
+
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.DOTALL)
+    cfg = parse_config(tomllib.loads(block), "README.md")
+    assert [c.name for c in cfg.cameras] == ["cam1"]
+    assert cfg.pipelines[0].chain[0].max_crops == 4
+    assert cfg.pipelines[0].policy is not None
+    assert [r.outcome for r in cfg.pipelines[0].policy.rules] == ["review", "reject", "review"]
+    assert cfg.actions.actions[0].name == "robot"

@@ -345,3 +345,24 @@ def test_sigkill_during_heavy_logging_never_corrupts_the_log(
         assert count >= last, f"round {i}: rows went from {last} to {count}"
         last = count
     assert last > 20
+
+
+def test_a_bundle_for_another_device_class_is_not_started(
+    tmp_path: Path, brightness_bundle: Path
+) -> None:
+    import shutil
+
+    other = tmp_path / "jetson-only"
+    shutil.copytree(brightness_bundle, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["profiles"] = ["jetson-orin"]
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    cfg = _config(
+        tmp_path,
+        '[[cameras]]\nname = "c1"\nkind = "synthetic"\n'
+        f'[[pipelines]]\nname = "p"\nsource = "c1"\nbundle = "{other}"\n',
+    )
+    r = _run("check-config", "--config", str(cfg))
+    assert r.returncode == 2
+    assert "x86-gateway" in r.stderr
+    assert "pipeline p" in r.stderr
