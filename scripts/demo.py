@@ -263,7 +263,15 @@ def main() -> int:
             ["sqlite3", str(db), query],
             check=True,
         )
-    print("\n== one decision in full: edge-agent decisions show ID --config ...")
+    from agent.decisionlog.query import query as query_log  # noqa: PLC0415 - the venv's
+
+    rejects = query_log(db, outcome="reject", limit=1)
+    if rejects:
+        print("\n== one decision in full, with its thumbnail:")
+        print(f"$ edge-agent decisions show {rejects[0]['id']} --config {config}")
+        subprocess.run(
+            [agent, "decisions", "show", rejects[0]["id"], "--config", str(config)], check=True
+        )
     return 0
 
 
