@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent.actions.dispatcher import ActionDispatcher, ActionEvent
@@ -66,7 +67,18 @@ def pipeline_policy(cfg: AgentConfig, p: PipelineConfig, first: Bundle) -> Polic
     return parse_policy(first.manifest.policy or {}, str(first.path / "manifest.json"))
 
 
-def plan_pipelines(cfg: AgentConfig) -> tuple[list[_Plan], list[Problem]]:
+Resolver = Callable[[PipelineConfig], list[Path]]
+"""Gives a pipeline's bundle directories, first stage first (e.g. the installer's active
+slots); by default the paths in the config."""
+
+
+def config_bundles(p: PipelineConfig) -> list[Path]:
+    return [p.bundle, *(s.bundle for s in p.chain)]
+
+
+def plan_pipelines(
+    cfg: AgentConfig, resolve: Resolver | None = None
+) -> tuple[list[_Plan], list[Problem]]:
     """Load every pipeline's bundles; a pipeline whose bundle fails to load or does not
     list this device's firmware profile is left out."""
     plans: list[_Plan] = []
@@ -74,7 +86,7 @@ def plan_pipelines(cfg: AgentConfig) -> tuple[list[_Plan], list[Problem]]:
     profile = load_profile(cfg.agent.profile).name
     for p in cfg.pipelines:
         try:
-            bundles = [load_bundle(p.bundle), *(load_bundle(s.bundle) for s in p.chain)]
+            bundles = [load_bundle(path) for path in (resolve or config_bundles)(p)]
             for b in bundles:
                 b.check_profile(profile)
             policy = pipeline_policy(cfg, p, bundles[0])
@@ -105,6 +117,7 @@ class Agent:
         *,
         on_decision: Callable[[Decision, str], None] | None = None,
         http: bool = True,
+        resolve: Resolver | None = None,
     ) -> None:
         self.config = config
         self.metrics = AgentMetrics()
@@ -130,6 +143,8 @@ class Agent:
             queue_bound=config.actions.queue_bound,
             metrics=self.metrics,
         )
+        self.resolve: Resolver | None = resolve
+        self._reload_lock = threading.Lock()
         self._stop = threading.Event()
         self._stats_thread: threading.Thread | None = None
         self.started_at = 0.0
@@ -140,7 +155,7 @@ class Agent:
         self.started_at = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log.open()
-        plans, problems = plan_pipelines(self.config)
+        plans, problems = plan_pipelines(self.config, self.resolve)
         self.problems.extend(problems)
         for p in problems:
             log.error("%s not started: %s", p.part, p.reason)
@@ -165,6 +180,28 @@ class Agent:
         )
         self._stats_thread.start()
         return self
+
+    def reload(self) -> None:
+        """Load every pipeline again (after a bundle switch or rollback): the cameras,
+        sensors, log and actions keep running; the pool and pipeline threads are new."""
+        with self._reload_lock:
+            for r in self.runners:
+                r.stop()
+            for r in self.runners:
+                r.join(2.0)
+            self.runners = []
+            if self.pool is not None:
+                self.pool.close()
+                self.pool = None
+            self.problems = [p for p in self.problems if not p.part.startswith("pipeline ")]
+            plans, problems = plan_pipelines(self.config, self.resolve)
+            self.problems.extend(problems)
+            for p in problems:
+                log.error("%s not started: %s", p.part, p.reason)
+            plans = self._start_pool(plans)
+            self._start_sources({pl.config.source for pl in plans})
+            for plan in plans:
+                self._start_runner(plan)
 
     def _start_pool(self, plans: list[_Plan]) -> list[_Plan]:
         """Start the pool with every plan's models; a model that does not load takes its
@@ -200,12 +237,12 @@ class Agent:
 
     def _start_sources(self, used: set[str]) -> None:
         for cam_cfg in self.config.cameras:
-            if cam_cfg.name in used:
+            if cam_cfg.name in used and cam_cfg.name not in self.cameras:
                 cam = Camera(cam_cfg, on_state=self._camera_state)
                 self.cameras[cam_cfg.name] = cam
                 cam.start()
         for sensor_cfg in self.config.sensors:
-            if sensor_cfg.name in used:
+            if sensor_cfg.name in used and sensor_cfg.name not in self.sensors:
                 try:
                     sensor = make_sensor(sensor_cfg, self.config.mqtt)
                     sensor.start()

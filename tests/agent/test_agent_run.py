@@ -366,3 +366,52 @@ def test_a_bundle_for_another_device_class_is_not_started(
     assert r.returncode == 2
     assert "x86-gateway" in r.stderr
     assert "pipeline p" in r.stderr
+
+
+def test_reload_swaps_the_bundle_while_the_camera_keeps_running(
+    tmp_path: Path, brightness_bundle: Path
+) -> None:
+    import shutil
+
+    from agent.app import Agent
+    from agent.config import load_config
+
+    # v2: the same model with the labels the other way round: "dark" frames now pass.
+    v2 = tmp_path / "v2"
+    shutil.copytree(brightness_bundle, v2)
+    manifest = json.loads((v2 / "manifest.json").read_text())
+    manifest["version"] = "2.0.0"
+    manifest["policy"] = {"rules": [{"outcome": "reject", "label": "bright"}], "default": "pass"}
+    (v2 / "manifest.json").write_text(json.dumps(manifest))
+    cfg = load_config(
+        _config(
+            tmp_path,
+            '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 50\n'
+            f'[[pipelines]]\nname = "p"\nsource = "c1"\nbundle = "{brightness_bundle}"\n',
+        )
+    )
+    current = [brightness_bundle]
+    seen: list[tuple[str, str]] = []
+    agent = Agent(
+        cfg,
+        http=False,
+        resolve=lambda _p: list(current),
+        on_decision=lambda d, _id: seen.append((d.record.model_version, d.record.outcome)),
+    )
+    agent.start()
+    try:
+        assert _wait(lambda: len(seen) >= 5, 20)
+        camera = agent.cameras["c1"]
+        old_pool = agent.pool
+        current[0] = v2
+        agent.reload()
+        assert agent.cameras["c1"] is camera
+        assert agent.pool is not old_pool
+        n = len(seen)
+        assert _wait(lambda: any(v == "2.0.0" for v, _ in seen[n:]), 20)
+    finally:
+        agent.stop()
+    assert ("1.2.3", "reject") in seen
+    assert ("2.0.0", "pass") in seen
+    after = seen[seen.index(("2.0.0", "pass")) :]
+    assert all(v == "2.0.0" for v, _ in after)
