@@ -23,7 +23,9 @@ from agent.capture import Camera
 from agent.config import AgentConfig, PipelineConfig
 from agent.decisionlog import DecisionLog
 from agent.errors import AgentError
+from agent.fleetlink.service import UpdateService
 from agent.http import LocalHttpServer
+from agent.installer import Installer
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision, PipelineRunner, Stage
 from agent.policy import PolicySpec, parse_policy
@@ -73,7 +75,30 @@ slots); by default the paths in the config."""
 
 
 def config_bundles(p: PipelineConfig) -> list[Path]:
-    return [p.bundle, *(s.bundle for s in p.chain)]
+    """The bundle directories named in the config (no installer)."""
+    out = []
+    for ref in (p, *p.chain):
+        if ref.bundle is None:
+            raise AgentError(f"bundle '{ref.installed}' is managed by the installer")
+        out.append(ref.bundle)
+    return out
+
+
+def installed_resolver(installer: Installer) -> Resolver:
+    """A stage naming an installed bundle gets its active slot; until one is installed,
+    the configured directory (if any)."""
+
+    def resolve(p: PipelineConfig) -> list[Path]:
+        out = []
+        for ref in (p, *p.chain):
+            path = installer.active_bundle(ref.installed) if ref.installed else None
+            path = path or ref.bundle
+            if path is None:
+                raise AgentError(f"no bundle '{ref.installed}' installed yet")
+            out.append(path)
+        return out
+
+    return resolve
 
 
 def plan_pipelines(
@@ -143,7 +168,16 @@ class Agent:
             queue_bound=config.actions.queue_bound,
             metrics=self.metrics,
         )
+        self.installer: Installer | None = None
+        self.updates: UpdateService | None = None
+        if resolve is None and config.uses_installer():
+            self.profile_name = load_profile(config.agent.profile).name
+            self.installer = Installer(
+                self.state_dir, profile_name=self.profile_name, config=config.fleet.installer
+            )
+            resolve = installed_resolver(self.installer)
         self.resolve: Resolver | None = resolve
+        self._loaded: dict[str, list[Path]] = {}
         self._reload_lock = threading.Lock()
         self._stop = threading.Event()
         self._stats_thread: threading.Thread | None = None
@@ -155,6 +189,9 @@ class Agent:
         self.started_at = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log.open()
+        if self.installer is not None:
+            for report in self.installer.recover():
+                log.warning("installer recovered: %s", report)
         plans, problems = plan_pipelines(self.config, self.resolve)
         self.problems.extend(problems)
         for p in problems:
@@ -175,11 +212,33 @@ class Agent:
                 allow_remote=h.allow_remote,
             )
             self.http.start()
+        if self.config.fleet.enabled and self.installer is not None:
+            fleet = self.config.fleet
+            self.updates = UpdateService(
+                self,
+                fleet,
+                self.installer,
+                hardware_class=fleet.hardware_class or self.profile_name,
+            )
+            self.updates.start()
         self._stats_thread = threading.Thread(
             target=self._stats_loop, name="agent-stats", daemon=True
         )
         self._stats_thread.start()
         return self
+
+    def reload_if_changed(self) -> bool:
+        """Reload when a pipeline's bundles now resolve to other directories."""
+        wanted: dict[str, list[Path]] = {}
+        for p in self.config.pipelines:
+            try:
+                wanted[p.name] = (self.resolve or config_bundles)(p)
+            except AgentError:
+                wanted[p.name] = []
+        if wanted == self._loaded:
+            return False
+        self.reload()
+        return True
 
     def reload(self) -> None:
         """Load every pipeline again (after a bundle switch or rollback): the cameras,
@@ -190,6 +249,7 @@ class Agent:
             for r in self.runners:
                 r.join(2.0)
             self.runners = []
+            self._loaded = {}
             if self.pool is not None:
                 self.pool.close()
                 self.pool = None
@@ -283,12 +343,15 @@ class Agent:
             deadline_s=deadline,
         )
         self.runners.append(runner)
+        self._loaded[name] = [b.path for b in plan.bundles]
         runner.start()
 
     def stop(self, timeout_s: float = 4.0) -> None:
         """Stop capture, drain in-flight work, flush the log; bounded by ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         self._stop.set()
+        if self.updates is not None:
+            self.updates.stop(timeout_s=1.0)
         for cam in self.cameras.values():
             cam.stop(timeout_s=0.5)
         for sensor in self.sensors.values():

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.config import AgentConfig, load_config
 from agent.errors import AgentError
+from agent.installer.cli import add_parsers as add_installer_parsers
 from runtime.errors import EdgeRuntimeError
 
 EXIT_ERROR = 2
@@ -29,6 +30,9 @@ EPILOG_RUN = """example:
   edge-agent decisions --config agent.toml --since 1h --outcome reject --format csv
   edge-agent decisions show 0192f3c4-... --config agent.toml
   edge-agent bench --bundle bundles/cls --source line.avi --duration 10 --json bench.json
+  edge-agent install /media/usb/edgefleet --config agent.toml
+  edge-agent bundles --config agent.toml
+  edge-agent rollback text-cls --config agent.toml
 """
 
 
@@ -62,14 +66,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).info("signal %d: stopping", signum)
         stop.set()
 
+    reload = threading.Event()
+
+    def _on_hup(_signum: int, _frame: FrameType | None) -> None:
+        reload.set()
+        stop.set()
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGHUP, _on_hup)  # after a side-load: take the installed bundles
     agent = Agent(cfg, on_decision=_echo if args.echo else None)
     agent.start()
     for p in agent.problems:
         print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr)
+    deadline = time.monotonic() + args.duration if args.duration else None
     try:
-        stop.wait(args.duration if args.duration else None)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            stop.wait(left)
+            if reload.is_set():
+                reload.clear()
+                stop.clear()
+                agent.reload()
+                continue
+            break
     finally:
         agent.stop()
     if args.stats:
@@ -164,6 +184,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install(args: argparse.Namespace) -> int:
+    from agent.fleetlink.sideload import sideload  # noqa: PLC0415
+
+    report = sideload(Path(args.medium), _config(args))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    elif report["outcome"] in ("committed", "noop"):
+        what = f"{report['bundle']} {report.get('version', '')} (release {report['release']})"
+        done = "already installed" if report["outcome"] == "noop" else "installed and committed"
+        print(f"{what}: {done}; a running agent takes it on SIGHUP (systemctl reload)")
+    else:
+        print(
+            f"edge-agent: install {report['outcome']} at {report['step']}: {report['reason']}",
+            file=sys.stderr,
+        )
+    return 0 if report["outcome"] in ("committed", "noop") else EXIT_ERROR
+
+
 def cmd_bench_log(args: argparse.Namespace) -> int:
     import tempfile  # noqa: PLC0415
 
@@ -250,6 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write the report here")
     bench.add_argument("--quiet", action="store_true", help="no progress display")
     bench.set_defaults(func=cmd_bench)
+
+    inst = sub.add_parser(
+        "install",
+        help="side-load a signed bundle from removable media (same checks as the fleet's)",
+        epilog="example: edge-agent install /media/usb/edgefleet --config agent.toml",
+    )
+    inst.add_argument(
+        "medium", help="directory with metadata/, targets/ and directives/<device>.json"
+    )
+    with_config(inst)
+    inst.add_argument("--json", action="store_true", help="print the report as JSON")
+    inst.set_defaults(func=cmd_install)
+    add_installer_parsers(sub, with_config, install=False)  # bundles, rollback
 
     blog = sub.add_parser(
         "bench-log",

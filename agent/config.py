@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from agent.actions.config import ActionsConfig
 from agent.capture.config import CameraConfig
 from agent.configbase import Section
 from agent.decisionlog.config import DecisionLogConfig
 from agent.errors import ConfigError
+from agent.fleetlink.config import FleetConfig
 from agent.http import HttpConfig
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
@@ -59,20 +60,36 @@ class RuntimeSection(Section):
     )
 
 
-class ChainStage(Section):
+class _BundleRef(Section):
+    bundle: Path | None = Field(
+        None,
+        description="Bundle directory; with `installed`, the bundle used until one is installed.",
+    )
+    installed: str | None = Field(
+        None,
+        description="Name of a bundle the installer manages (signed, from the fleet or "
+        "side-loaded); its active slot is used.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> _BundleRef:
+        if self.bundle is None and self.installed is None:
+            raise ValueError("give `bundle` (a directory) or `installed` (a bundle name)")
+        return self
+
+
+class ChainStage(_BundleRef):
     """A model run on every detection of the stage before (e.g. a classifier on crops)."""
 
-    bundle: Path = Field(description="Bundle directory of this stage's model.")
     max_crops: int = Field(8, ge=1, le=64, description="At most this many crops per frame.")
     padding: float = Field(0.05, ge=0, le=1, description="Crop padding, fraction of box size.")
 
 
-class PipelineConfig(Section):
+class PipelineConfig(_BundleRef):
     """One source's frames (or sensor windows) through one model or a chain."""
 
     name: str = Field(description="Pipeline name, used in metrics and the decision log.")
     source: str = Field(description="Name of the camera or sensor this pipeline reads.")
-    bundle: Path = Field(description="Bundle directory of the first (or only) model.")
     chain: list[ChainStage] = Field(
         default_factory=list, description="Models run on the first model's detections."
     )
@@ -109,6 +126,12 @@ class AgentConfig(Section):
     sensors: list[SensorConfig] = Field(default_factory=list, description="Sensors.")
     lines: dict[str, LineConfig] = Field(default_factory=dict, description="Production lines.")
     pipelines: list[PipelineConfig] = Field(default_factory=list, description="Pipelines.")
+    fleet: FleetConfig = Field(default_factory=FleetConfig, description="Signed bundles.")
+
+    def uses_installer(self) -> bool:
+        return self.fleet.enabled or any(
+            ref.installed for p in self.pipelines for ref in (p, *p.chain)
+        )
 
     @field_validator("cameras", "sensors", "pipelines")
     @classmethod
@@ -180,6 +203,9 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         for stage in pipe.get("chain") or []:
             if isinstance(stage, dict) and isinstance(stage.get("bundle"), str):
                 stage["bundle"] = str(base / stage["bundle"])
+    fleet = data.get("fleet")
+    if isinstance(fleet, dict) and isinstance(fleet.get("initial_root"), str):
+        fleet["initial_root"] = str(base / fleet["initial_root"])
     for sensor in data.get("sensors") or []:
         if isinstance(sensor, dict) and sensor.get("kind") == "replay" and sensor.get("path"):
             sensor["path"] = str(base / sensor["path"])

@@ -136,15 +136,28 @@ def cmd_rollback(
     return EXIT_OK
 
 
-def add_parsers(sub: Any, with_config: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add ``install``, ``bundles`` and ``rollback`` to the agent's subparsers; each
-    sets ``func(args)``, which loads the agent config named by ``--config``."""
+def add_parsers(
+    sub: Any, with_config: Callable[[argparse.ArgumentParser], None], *, install: bool = True
+) -> None:
+    """Add ``install`` (unless ``install`` is false: the agent's CLI has its own, signed
+    one), ``bundles`` and ``rollback`` to the agent's subparsers; each sets
+    ``func(args)``, which loads the agent config named by ``--config``."""
     from agent.config import load_config  # noqa: PLC0415 - only when a command runs
 
     def state(args: argparse.Namespace) -> tuple[Path, str]:
         cfg = load_config(Path(args.config))
         return cfg.agent.state_dir, cfg.agent.profile
 
+    if install:
+        _add_install(sub, with_config, state)
+    _add_listing(sub, with_config, state)
+
+
+def _add_install(
+    sub: Any,
+    with_config: Callable[[argparse.ArgumentParser], None],
+    state: Callable[[argparse.Namespace], tuple[Path, str]],
+) -> None:
     inst = sub.add_parser(
         "install",
         help="install a verified bundle directory (side-load): checks, switch, health, commit",
@@ -169,6 +182,12 @@ def add_parsers(sub: Any, with_config: Callable[[argparse.ArgumentParser], None]
 
     inst.set_defaults(func=run_install)
 
+
+def _add_listing(
+    sub: Any,
+    with_config: Callable[[argparse.ArgumentParser], None],
+    state: Callable[[argparse.Namespace], tuple[Path, str]],
+) -> None:
     lst = sub.add_parser(
         "bundles",
         help="list installed bundles, their slots and last install result",

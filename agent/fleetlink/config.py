@@ -1,0 +1,37 @@
+"""The ``[fleet]`` section: where the fleet's broker is and where the trust root lives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from agent.configbase import Section
+from agent.installer import InstallerConfig
+from agent.mqtt_config import LocalMqttConfig
+
+
+class FleetConfig(Section):
+    """Signed bundle delivery from the fleet."""
+
+    enabled: bool = Field(False, description="Take directives from the fleet's broker.")
+    mqtt: LocalMqttConfig = Field(
+        default_factory=LocalMqttConfig,
+        description="The fleet's broker (directives, bundle fetches, install reports).",
+    )
+    trust_dir: Path = Field(
+        Path("trust"),
+        description="Trusted TUF root and metadata cache; relative to the state directory.",
+    )
+    initial_root: Path | None = Field(
+        None,
+        description="The root.json provisioned at enrollment; copied into trust_dir when "
+        "trust_dir has none (a relative path is taken from the config file's directory).",
+    )
+    hardware_class: str | None = Field(
+        None, description="Hardware class directives must name (default: the profile name)."
+    )
+    fetch_timeout_s: float = Field(10.0, gt=0, description="Timeout of one chunk request.")
+    installer: InstallerConfig = Field(
+        default_factory=InstallerConfig, description="Install checks and health window."
+    )

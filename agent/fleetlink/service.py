@@ -1,0 +1,168 @@
+"""The running agent's side of bundle delivery: a retained directive arrives on the
+device's topic, is applied (:func:`agent.fleetlink.link.apply_directive`) with the
+agent's own pipelines as the health probe, and the install report is published back
+(retained) for the rollout controller."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.fleetlink.config import FleetConfig
+from agent.fleetlink.link import Report, apply_directive, make_client
+from agent.installer import Installer
+from agent.update.fetchers import MqttFetcher
+from agent.wire import topics
+
+if TYPE_CHECKING:
+    from agent.app import Agent
+
+log = logging.getLogger(__name__)
+
+
+class AgentProbe:
+    """Health of a bundle on trial in the running agent: the first call switches the
+    pipelines to it (the installer's lock is held, so the trial slot resolves); later
+    calls read worker restarts, inference errors and inference p95 of its models."""
+
+    def __init__(self, agent: Agent, bundle: str) -> None:
+        self.agent = agent
+        self.bundle = bundle
+        self._started = False
+
+    def __call__(self) -> Mapping[str, float]:
+        if not self._started:
+            self._started = True
+            self.agent.reload()
+        runners = [
+            r
+            for r in self.agent.runners
+            if any(s.bundle.manifest.name == self.bundle for s in r.stages)
+        ]
+        pool = self.agent.pool
+        if not runners or pool is None:
+            problems = "; ".join(f"{p.part}: {p.reason}" for p in self.agent.problems)
+            raise RuntimeError(f"no pipeline runs bundle {self.bundle}: {problems or 'none'}")
+        models = [
+            s.model for r in runners for s in r.stages if s.bundle.manifest.name == self.bundle
+        ]
+        stats = pool.stats()["models"]
+        p95 = max(float(stats[m]["stages"]["inference"].get("p95_ms", 0.0)) for m in models)
+        return {
+            "worker_crashes": float(pool.restarts()),
+            "inference_errors": float(sum(r.stats.errors for r in runners)),
+            "p95_ms": p95,
+            "inferences": float(sum(r.stats.decided for r in runners)),
+        }
+
+
+class UpdateService:
+    """Subscribes to the device's directive topic; applies the newest directive on a
+    thread of its own (never on the hot path); publishes each report."""
+
+    def __init__(
+        self, agent: Agent, cfg: FleetConfig, installer: Installer, *, hardware_class: str
+    ) -> None:
+        self.agent = agent
+        self.cfg = cfg
+        self.installer = installer
+        self.hw = hardware_class
+        self.device_id = agent.config.agent.device_id
+        self.state_dir: Path = agent.state_dir
+        self.reports: list[Report] = []
+        self._pending: bytes | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        m = cfg.mqtt
+        self._client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"{m.client_id_prefix}-{self.device_id}-updates",
+            protocol=mqtt.MQTTv5,
+        )
+        if m.username:
+            self._client.username_pw_set(m.username, m.password())
+        self._client.on_connect = self._on_connect
+        self._client.on_message = self._on_message
+        self._client.reconnect_delay_set(1, 10)
+
+    def start(self) -> None:
+        m = self.cfg.mqtt
+        self._client.connect_async(m.host, m.port, keepalive=m.keepalive_s)
+        self._client.loop_start()
+        self._thread = threading.Thread(target=self._loop, name="fleet-updates", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def _on_connect(
+        self, client: mqtt.Client, _u: Any, _f: Any, rc: ReasonCode, _p: Properties | None
+    ) -> None:
+        if rc.is_failure:
+            log.error("fleet broker refused the connection: %s", rc)
+            return
+        client.subscribe(topics.directive(self.device_id), qos=1)
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        with self._lock:
+            self._pending = bytes(msg.payload)  # only the newest directive matters
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            with self._lock:
+                directive, self._pending = self._pending, None
+            if directive is None or self._stop.is_set():
+                continue
+            try:
+                report = self.apply(directive)
+            except Exception as e:  # the update thread must outlive a bug: log, report
+                log.exception("applying a directive failed")
+                report = {"outcome": "failed", "step": "internal", "reason": str(e)}
+            self.reports.append(report)
+            self._client.publish(
+                topics.install_state(self.device_id), json.dumps(report), qos=1, retain=True
+            )
+
+    def apply(self, directive: bytes) -> Report:
+        fetcher = MqttFetcher.from_config(
+            self.cfg.mqtt, device_id=self.device_id, timeout_s=self.cfg.fetch_timeout_s
+        )
+        fetcher.start()
+        try:
+            client = make_client(
+                self.cfg, self.state_dir, fetcher, device_id=self.device_id, hw=self.hw
+            )
+            report = apply_directive(
+                client,
+                self.installer,
+                directive,
+                staging_root=self.state_dir / "staging",
+                source="mqtt",
+                probe_factory=lambda name: AgentProbe(self.agent, name),
+            )
+        finally:
+            fetcher.close()
+        report["stale"] = client.stale
+        # Committed: the trial slot is now the committed one. Failed: back to the old.
+        self.agent.reload_if_changed()
+        log.info("directive: %s", report)
+        return report
