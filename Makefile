@@ -61,7 +61,7 @@ DEMO := .cache/demo
 # The agent on a looped conveyor video with PP-OCRv4 text detection -> text direction
 # on each detected label, a Mosquitto on loopback for the robot topic, decisions live.
 demo: sysdeps $(STAMP) $(MODELS)
-	$(PY) scripts/demo.py --dir $(DEMO) --duration 15
+	$(PY) scripts/demo.py --dir $(DEMO) --duration 20
 
 # The README's tables: runtime targets (median of 5 rounds), the agent's hot path at 60 %
 # of capacity against the bare runtime, and the decision-log writer against raw executemany.

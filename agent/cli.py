@@ -50,7 +50,7 @@ def _echo(decision: Any, decision_id: str) -> None:
         seen = f"{decision.result.label or '-'}:{decision.result.score:.3f}"
     print(
         f"{time.strftime('%H:%M:%S')} {rec.source:<8} {rec.outcome:<7} e2e {e2e:7.2f} ms  "
-        f"{decision_id}  {seen}",
+        f"{rec.model_name} {rec.model_version:<7} {decision_id[-12:]}  {seen}",
         flush=True,
     )
 
