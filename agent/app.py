@@ -460,6 +460,10 @@ class Agent:
             "decision_log": self.log.stats(),
             "problems": [f"{p.part}: {p.reason}" for p in self.problems],
         }
+        if self.updates is not None:
+            last = self.updates.reports[-1] if self.updates.reports else None
+            details["last_install"] = last
+            details["stale"] = bool(last and last.get("stale"))
         return (pool_ok or not self.config.pipelines), details
 
     def ready(self) -> tuple[bool, dict[str, Any]]:

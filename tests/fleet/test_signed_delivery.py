@@ -5,7 +5,11 @@ window, which the agent rolls back by itself; then a side-load from a directory.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.app import Agent
 from agent.config import parse_config
+from agent.installer import Installer
 from agent.pipeline.runner import Decision
 from agent.wire import topics
 from fleet_server.distribution.file_server import MqttFileServer
@@ -112,6 +117,10 @@ def test_mqtt_delivery_commits_a_good_bundle_and_rolls_back_a_failing_one(
         first = agent.updates.reports[0]
         assert first["outcome"] == "committed", first
         assert (first["bundle"], first["release"]) == ("cls", 1)
+        ok, details = agent.health()
+        assert ok, details
+        assert details["last_install"]["outcome"] == "committed"
+        assert details["stale"] is False
         assert _wait(lambda: "1.0.0" in versions, 20), "the agent does not decide with 1.0.0"
 
         _publish_retained(mosquitto, topic, issue_directive(repo, keys, DEVICE, PROFILE, "cls", 2))
@@ -163,3 +172,55 @@ def test_side_load_from_a_directory_uses_the_same_checks(
     assert bad["outcome"] == "refused", bad
     assert not (other / "bundles" / "cls" / "active.json").exists()
     assert json.dumps(bad)  # the report is plain JSON for the fleet
+
+
+def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_finishes(
+    tmp_path: Path,
+    fleet: tuple[KeyStore, Repository],
+    mosquitto: Broker,
+    file_server: None,
+) -> None:
+    keys, repo = fleet
+    state = tmp_path / "state"
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(
+        f'[agent]\ndevice_id = "{DEVICE}"\nstate_dir = "{state}"\nprofile = "{PROFILE}"\n'
+        "[runtime]\nworkers = 1\npin = false\n[http]\nport = 0\n"
+        '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 30\npattern = "bars"\n'
+        '[[pipelines]]\nname = "p"\nsource = "c1"\ninstalled = "cls"\n'
+        f"[fleet]\nenabled = true\n"
+        f'mqtt = {{ host = "{mosquitto.host}", port = {mosquitto.port} }}\n'
+        f'initial_root = "{repo.path / "metadata" / "1.root.json"}"\n'
+        "installer = { health_window_s = 30.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"
+    )
+    exe = str(Path(sys.executable).parent / "edge-agent")
+    journal = state / "bundles" / "cls" / "install-state.json"
+    topic = topics.directive(DEVICE)
+    _publish_retained(mosquitto, topic, issue_directive(repo, keys, DEVICE, PROFILE, "cls", 1))
+    proc = subprocess.Popen(
+        [exe, "run", "--config", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        on_trial = _wait(lambda: journal.exists() and '"step": "health"' in journal.read_text(), 60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert on_trial, "the install never reached its health window"
+    # Before commit: nothing was committed, so nothing is active.
+    assert Installer(state, profile_name=PROFILE).active_bundle("cls") is None
+    # Restarted, the agent gets the retained directive again and finishes the install.
+    cfg.write_text(cfg.read_text().replace("health_window_s = 30.0", "health_window_s = 1.0"))
+    r = subprocess.run(
+        [exe, "run", "--config", str(cfg), "--duration", "25", "--stats"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    active = Installer(state, profile_name=PROFILE).active_bundle("cls")
+    assert active is not None
+    assert json.loads((active / "manifest.json").read_text())["release"] == 1
