@@ -108,6 +108,7 @@ class FetchStats:
     bytes: int = 0
     retries: int = 0
     resumes: int = 0
+    disconnects: int = 0
     stale_responses: int = 0
     bad_responses: int = 0
     dropped_responses: int = 0
@@ -346,6 +347,8 @@ class MqttFetcher(FetcherInterface):
             self._generation += 1
         was_up = self._ready.is_set()
         self._ready.clear()
+        if was_up:
+            self.stats.disconnects += 1
         if was_up and self._started:
             log.warning("fetcher: lost broker %s:%d: %s", self.host, self.port, reason)
 

@@ -160,7 +160,9 @@ def test_attack_17_download_resumes_after_the_broker_goes_away_mid_file(
     assert len(offsets) > cut_at  # more was served after the cut
     assert offsets[cut_at] >= 2 * MAX_CHUNK  # resumed, not started again from 0
     assert offsets == sorted(offsets)
-    assert fetcher.stats.resumes >= 1
+    # The fetcher saw the broker go; whether a request was in flight at that moment
+    # (counted as a resume) or the cut fell between two requests depends on timing.
+    assert fetcher.stats.disconnects >= 1
 
 
 def test_attack_09_a_file_server_sending_endless_data_is_cut_at_the_signed_length(
