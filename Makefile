@@ -24,13 +24,15 @@ $(STAMP): pyproject.toml
 
 # Debian packages the agent and its tests run for real: Mosquitto (the local broker the
 # project starts on loopback, and its clients), FFmpeg (the test stream server) and
-# the sqlite3 shell (the decision log is read with it as documented).
+# the sqlite3 shell (the decision log is read with it as documented), and PostgreSQL
+# (the fleet server's storage tests start their own cluster on loopback).
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3
-SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3
+SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
 	  command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing initdb"; \
 	if [ -n "$$missing" ]; then \
 	  echo "missing:$$missing -- installing $(SYSDEPS_PKG)"; \
 	  $(SUDO) apt-get update -q && \
