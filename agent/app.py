@@ -13,14 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.actions.dispatcher import ActionDispatcher, ActionEvent
-from agent.bundle import Bundle, load_bundle
 from agent.capture import Camera
-from agent.config import AgentConfig, PipelineConfig
+from agent.config import AgentConfig
 from agent.decisionlog import DecisionLog
 from agent.errors import AgentError
 from agent.fleetlink.service import UpdateService
@@ -28,7 +26,14 @@ from agent.http import LocalHttpServer
 from agent.installer import Installer
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision, PipelineRunner, Stage
-from agent.policy import PolicySpec, parse_policy
+from agent.planning import (
+    Plan,
+    Problem,
+    Resolver,
+    config_bundles,
+    installed_resolver,
+    plan_pipelines,
+)
 from agent.sensors import SensorSource, make_sensor
 from runtime import ModelConfig, ModelLoadError, PoolConfig, WorkerPool
 from runtime.profiles import load_profile
@@ -36,101 +41,6 @@ from runtime.profiles import load_profile
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 1.0
-
-
-@dataclass
-class Problem:
-    """Something that did not start, with the part and the reason (shown by health)."""
-
-    part: str
-    reason: str
-
-
-@dataclass
-class _Plan:
-    """A pipeline whose bundles loaded: its stages' bundles and model names."""
-
-    config: PipelineConfig
-    bundles: list[Bundle]
-    models: list[str]
-    policy: PolicySpec
-    line: str
-    max_crops: list[int] = field(default_factory=list)
-    padding: list[float] = field(default_factory=list)
-
-
-def pipeline_policy(cfg: AgentConfig, p: PipelineConfig, first: Bundle) -> PolicySpec:
-    """The pipeline's own policy, else its line's, else the bundle's defaults."""
-    if p.policy is not None:
-        return p.policy
-    line = cfg.lines.get(cfg.source_line(p.source))
-    if line is not None and line.policy is not None:
-        return line.policy
-    return parse_policy(first.manifest.policy or {}, str(first.path / "manifest.json"))
-
-
-Resolver = Callable[[PipelineConfig], list[Path]]
-"""Gives a pipeline's bundle directories, first stage first (e.g. the installer's active
-slots); by default the paths in the config."""
-
-
-def config_bundles(p: PipelineConfig) -> list[Path]:
-    """The bundle directories named in the config (no installer)."""
-    out = []
-    for ref in (p, *p.chain):
-        if ref.bundle is None:
-            raise AgentError(f"bundle '{ref.installed}' is managed by the installer")
-        out.append(ref.bundle)
-    return out
-
-
-def installed_resolver(installer: Installer) -> Resolver:
-    """A stage naming an installed bundle gets its active slot; until one is installed,
-    the configured directory (if any)."""
-
-    def resolve(p: PipelineConfig) -> list[Path]:
-        out = []
-        for ref in (p, *p.chain):
-            path = installer.active_bundle(ref.installed) if ref.installed else None
-            path = path or ref.bundle
-            if path is None:
-                raise AgentError(f"no bundle '{ref.installed}' installed yet")
-            out.append(path)
-        return out
-
-    return resolve
-
-
-def plan_pipelines(
-    cfg: AgentConfig, resolve: Resolver | None = None
-) -> tuple[list[_Plan], list[Problem]]:
-    """Load every pipeline's bundles; a pipeline whose bundle fails to load or does not
-    list this device's firmware profile is left out."""
-    plans: list[_Plan] = []
-    problems: list[Problem] = []
-    profile = load_profile(cfg.agent.profile).name
-    for p in cfg.pipelines:
-        try:
-            bundles = [load_bundle(path) for path in (resolve or config_bundles)(p)]
-            for b in bundles:
-                b.check_profile(profile)
-            policy = pipeline_policy(cfg, p, bundles[0])
-        except AgentError as e:
-            problems.append(Problem(f"pipeline {p.name}", str(e)))
-            continue
-        models = [f"{p.name}.{i}" for i in range(len(bundles))]
-        plans.append(
-            _Plan(
-                p,
-                bundles,
-                models,
-                policy,
-                cfg.source_line(p.source),
-                [1, *(s.max_crops for s in p.chain)],
-                [0.0, *(s.padding for s in p.chain)],
-            )
-        )
-    return plans, problems
 
 
 class Agent:
@@ -263,7 +173,7 @@ class Agent:
             for plan in plans:
                 self._start_runner(plan)
 
-    def _start_pool(self, plans: list[_Plan]) -> list[_Plan]:
+    def _start_pool(self, plans: list[Plan]) -> list[Plan]:
         """Start the pool with every plan's models; a model that does not load takes its
         pipeline out, and the pool starts again without it."""
         rt = self.config.runtime
@@ -312,7 +222,7 @@ class Agent:
                     continue
                 self.sensors[sensor_cfg.name] = sensor
 
-    def _start_runner(self, plan: _Plan) -> None:
+    def _start_runner(self, plan: Plan) -> None:
         if self.pool is None:
             raise RuntimeError("the pool is not started")
         source = self.cameras.get(plan.config.source) or self.sensors.get(plan.config.source)

@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from agent.app import plan_pipelines  # noqa: PLC0415 - keep other commands light
+    from agent.planning import plan_pipelines  # noqa: PLC0415 - keep other commands light
 
     cfg = _config(args)
     _, problems = plan_pipelines(cfg)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from pydantic import Field
 
 from agent.configbase import Section
+from agent.secrets import read_secret
 
 
 class LocalMqttConfig(Section):
@@ -29,12 +28,4 @@ class LocalMqttConfig(Section):
 
     def password(self) -> str | None:
         """The password from $CREDENTIALS_DIRECTORY/<name> or the environment, if set."""
-        if not self.password_env:
-            return None
-        cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
-        if cred_dir:
-            path = os.path.join(cred_dir, self.password_env)
-            if os.path.exists(path):
-                with open(path, encoding="utf-8") as f:
-                    return f.read().strip()
-        return os.environ.get(self.password_env)
+        return read_secret(self.password_env) if self.password_env else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import string
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -10,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from agent.configbase import Section
+from agent.secrets import read_secret
 
 PLACEHOLDERS = frozenset({"line", "source", "outcome"})
 """The names a topic template may use: ``{line}``, ``{source}``, ``{outcome}``."""
@@ -155,15 +155,7 @@ class WebhookAction(_ActionBase):
 
     def token(self) -> str | None:
         """The bearer token from $CREDENTIALS_DIRECTORY/<token_env> or the environment."""
-        if not self.token_env:
-            return None
-        cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
-        if cred_dir:
-            path = os.path.join(cred_dir, self.token_env)
-            if os.path.exists(path):
-                with open(path, encoding="utf-8") as f:
-                    return f.read().strip() or None
-        return os.environ.get(self.token_env) or None
+        return read_secret(self.token_env) if self.token_env else None
 
 
 ActionConfig = Annotated[MqttAction | WebhookAction, Field(discriminator="kind")]
