@@ -1,0 +1,18 @@
+"""Ingest: device reports from the broker into storage, idempotent, never stopped by a
+bad payload. :class:`IngestWorker` subscribes (shared, for several workers) and stores
+into a :class:`Sink`; :mod:`fleet_server.ingest.sim` is a simulated fleet for benches.
+"""
+
+from fleet_server.ingest.batch import INGEST_TOPICS
+from fleet_server.ingest.sink import MemorySink, Quarantined, Sink
+from fleet_server.ingest.worker import IngestError, IngestStats, IngestWorker
+
+__all__ = [
+    "INGEST_TOPICS",
+    "IngestError",
+    "IngestStats",
+    "IngestWorker",
+    "MemorySink",
+    "Quarantined",
+    "Sink",
+]

@@ -1,0 +1,371 @@
+"""The ingest worker: device reports from the broker, validated, batched into a sink.
+
+One paho client (MQTT 5, version-2 callbacks, ``connect_async`` + ``loop_start``)
+subscribes to every device's state, heartbeat, telemetry (health too), decisions, events
+and install state, through ``$share/<group>/...`` when a group is given, so that workers
+of one group share the load and each message reaches one of them.
+
+Messages are acknowledged by hand, after the sink has stored them: a worker that dies
+before storing leaves them unacknowledged and the broker delivers them again (to the
+same persistent session, or by MQTT 5 rules to another member of the group). The
+client's Receive Maximum bounds the unacknowledged messages, and so the queue between
+the network thread and the worker's own thread, which validates and stores.
+A payload that is oversized, not JSON, not a valid message, or whose device id differs
+from its topic's is quarantined in the sink and counted; nothing a device sends stops
+the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.wire import topics
+from agent.wire.messages import MAX_PAYLOAD_BYTES, MessageError
+from fleet_server.errors import FleetError
+from fleet_server.ingest.batch import INGEST_TOPICS, RETRY_MAX_S, Batch
+from fleet_server.ingest.sink import Sink
+
+log = logging.getLogger(__name__)
+
+RECONNECT_MIN_S = 1
+RECONNECT_MAX_S = 10
+IDLE_GAP_S = 0.005
+"""A batch is flushed early when no message came for this long."""
+ENQUEUE_TIMEOUT_S = 5.0
+UNSUBSCRIBE_TIMEOUT_S = 2.0
+
+
+class IngestError(FleetError):
+    """An ingest worker can't be set up or started.
+
+    Attributes:
+        reason: what is wrong.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"ingest: {reason}")
+
+
+@dataclass
+class IngestStats:
+    """Counters of one worker. ``received`` counts messages; ``stored`` and
+    ``duplicates`` count records (a decision upload holds many)."""
+
+    received: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    quarantined: int = 0
+    states: int = 0
+    batches: int = 0
+    sink_errors: int = 0
+    internal_errors: int = 0
+    not_queued: int = 0
+    """Received while stopping or with the queue full: left to the broker to resend."""
+    overflow: int = 0
+    """Of ``not_queued``: the queue was full (a broker that ignores Receive Maximum)."""
+    unacked: int = 0
+    """Handled but not acknowledged (connection lost, or storing abandoned at stop)."""
+    first_received: float = 0.0
+    last_flushed: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Item:
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    generation: int
+
+
+def tls_context(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The client TLS context for these files (``None`` when none is given).
+
+    Raises:
+        IngestError: only one of cert and key, or a file missing or not usable.
+    """
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise IngestError("tls_cert and tls_key go together")
+    try:
+        context = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+        if cert is not None:
+            context.load_cert_chain(str(cert), str(key))
+    except OSError as exc:  # ssl.SSLError is an OSError
+        raise IngestError(f"TLS files (ca {ca}, cert {cert}, key {key}): {exc}") from exc
+    return context
+
+
+class IngestWorker:
+    """Ingests device reports from the broker at ``host:port`` into ``sink``.
+
+    Args:
+        group: shared-subscription group; ``None`` subscribes plainly (one worker).
+        client_id: a stable id gives a persistent session (``session_expiry_s``) that
+            keeps unacknowledged messages across restarts; ``None``: a random id and a
+            clean session.
+        batch_size: most messages stored in one batch (one sink call per kind).
+        flush_interval_s: longest wait for a batch to fill; a batch also goes when no
+            message came for :data:`IDLE_GAP_S`.
+        receive_maximum: most unacknowledged messages the broker may send (MQTT 5).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        sink: Sink,
+        group: str | None = None,
+        client_id: str | None = None,
+        session_expiry_s: int = 3600,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        batch_size: int = 500,
+        flush_interval_s: float = 0.05,
+        receive_maximum: int = 1000,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        keepalive_s: int = 30,
+    ) -> None:
+        if batch_size < 1 or not 1 <= receive_maximum <= 65535 or flush_interval_s < 0:
+            raise IngestError(
+                f"batch_size {batch_size} (>= 1), receive_maximum {receive_maximum} "
+                f"(1-65535) or flush_interval_s {flush_interval_s} (>= 0) out of range"
+            )
+        self.host, self.port = host, port
+        self.sink = sink
+        self.batch_size = min(batch_size, receive_maximum)
+        self.flush_interval_s = flush_interval_s
+        self.max_payload_bytes = max_payload_bytes
+        self.keepalive_s = keepalive_s
+        self.filters = [topics.device_filter(t) for t in INGEST_TOPICS]
+        if group is not None:
+            self.filters = [topics.shared(group, f) for f in self.filters]
+        self._stats = IngestStats()
+        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=receive_maximum)
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._abort = threading.Event()
+        self._unsubscribed = threading.Event()
+        self._generation = 0
+        self._last_error = ""
+        self._thread: threading.Thread | None = None
+        self._persistent = client_id is not None
+        context = tls_context(tls_ca, tls_cert, tls_key)
+        cid = client_id or f"fleet-ingest-{uuid.uuid4().hex[:12]}"
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True
+        )
+        if username:
+            client.username_pw_set(username, password)
+        if context is not None:
+            client.tls_set_context(context)
+        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        client.on_unsubscribe = self._on_unsubscribe
+        self._client = client
+        self._connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        self._connect_props.ReceiveMaximum = receive_maximum
+        if self._persistent:
+            self._connect_props.SessionExpiryInterval = session_expiry_s
+
+    @property
+    def ready(self) -> bool:
+        """Whether connected and subscribed."""
+        return self._ready.is_set()
+
+    def stats(self) -> IngestStats:
+        """A copy of the counters."""
+        return replace(self._stats)
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Connect, subscribe and start the worker thread.
+
+        Raises:
+            IngestError: not subscribed within ``timeout_s`` (the worker is stopped), or
+                the worker was stopped before.
+        """
+        if self._thread is not None:
+            return
+        if self._stopping.is_set():
+            raise IngestError("a stopped worker does not start again; make a new one")
+        self._thread = threading.Thread(target=self._run, name="fleet-ingest", daemon=True)
+        self._thread.start()
+        self._client.connect_async(
+            self.host,
+            self.port,
+            self.keepalive_s,
+            clean_start=not self._persistent,
+            properties=self._connect_props,
+        )
+        self._client.loop_start()
+        if not self._ready.wait(timeout_s):
+            self.stop()
+            raise IngestError(
+                f"not subscribed on {self.host}:{self.port} within {timeout_s:g} s "
+                f"{self._last_error}".strip()
+            )
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Store what was received, acknowledge it, disconnect; idempotent.
+
+        What arrives from here on is left unacknowledged, for the broker to deliver again.
+        """
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        if not self._persistent and self._ready.is_set():
+            # A clean session loses what it holds unacknowledged: stop the flow first.
+            result, _ = self._client.unsubscribe(self.filters)
+            if result != MQTTErrorCode.MQTT_ERR_SUCCESS or not self._unsubscribed.wait(
+                min(timeout_s, UNSUBSCRIBE_TIMEOUT_S)
+            ):
+                log.warning("ingest: not unsubscribed; messages in flight may be lost")
+        self._stopping.set()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            log.error("ingest: records not stored within %g s; left to the broker", timeout_s)
+            self._abort.set()
+            thread.join(RETRY_MAX_S)  # at most one pause between sink retries
+        self._ready.clear()
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    # -- paho callbacks (network thread) -------------------------------------------
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        stats = self._stats
+        stats.received += 1
+        if not stats.first_received:
+            stats.first_received = time.monotonic()
+        if self._stopping.is_set():
+            stats.not_queued += 1  # delivered again by the broker, to us or another worker
+            return
+        item = _Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, self._generation)
+        try:
+            self._queue.put(item, timeout=ENQUEUE_TIMEOUT_S)
+        except queue.Full:
+            stats.overflow += 1
+            stats.not_queued += 1
+            log.error("ingest: queue full, %s left unacknowledged", msg.topic)  # noqa: TRY400
+
+    def _on_connect(
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _p: Any
+    ) -> None:
+        if reason.is_failure:
+            self._last_error = f"(broker refused the connection: {reason})"
+            log.error("ingest: broker %s:%d refused: %s", self.host, self.port, reason)
+            return
+        self._generation += 1
+        result, _ = client.subscribe([(f, 1) for f in self.filters])
+        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self._last_error = f"(subscribe failed: {mqtt.error_string(result)})"
+            log.error("ingest: subscribe failed: %s", mqtt.error_string(result))
+
+    def _on_subscribe(
+        self, _client: mqtt.Client, _userdata: Any, _mid: int, codes: list[ReasonCode], _p: Any
+    ) -> None:
+        failed = [f"{f}: {c}" for f, c in zip(self.filters, codes, strict=False) if c.is_failure]
+        if failed:
+            self._last_error = f"(subscription refused: {'; '.join(failed)})"
+            log.error("ingest: subscription refused: %s", failed)
+            return
+        self._last_error = ""
+        self._ready.set()
+
+    def _on_unsubscribe(
+        self, _client: mqtt.Client, _userdata: Any, _mid: int, _codes: Any, _p: Any
+    ) -> None:
+        self._unsubscribed.set()
+
+    def _on_disconnect(
+        self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _p: Any
+    ) -> None:
+        if self._ready.is_set() and not self._stopping.is_set():
+            log.warning("ingest: lost broker %s:%d: %s", self.host, self.port, reason)
+        self._ready.clear()
+
+    # -- the worker thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not (self._stopping.is_set() and self._queue.empty()) and not self._abort.is_set():
+            items = self._collect()
+            if not items:
+                continue
+            try:
+                self._flush(items)
+            except Exception:  # a bug must not end ingest: log, count, go on
+                self._stats.internal_errors += 1
+                log.exception("ingest: a batch of %d messages failed", len(items))
+
+    def _collect(self) -> list[_Item]:
+        try:
+            items = [self._queue.get(timeout=0.2)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + self.flush_interval_s
+        while len(items) < self.batch_size:
+            wait = min(deadline - time.monotonic(), IDLE_GAP_S)
+            try:
+                items.append(
+                    self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                )
+            except queue.Empty:
+                break
+        return items
+
+    def _flush(self, items: list[_Item]) -> None:
+        batch = Batch()
+        for item in items:
+            self._route(item, batch)
+        batch.store(self.sink, self._stats, self._abort)
+        self._stats.batches += 1
+        self._stats.last_flushed = time.monotonic()
+        if batch.complete:
+            self._ack(items)
+        else:
+            self._stats.unacked += len(items)
+
+    def _ack(self, items: list[_Item]) -> None:
+        generation = self._generation
+        for item in items:
+            if item.qos == 0:
+                continue
+            if item.generation != generation:
+                self._stats.unacked += 1  # the broker resends it after the reconnect
+                continue
+            rc = self._client.ack(item.mid, item.qos)
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self._stats.unacked += 1
+
+    def _route(self, item: _Item, batch: Batch) -> None:
+        try:
+            batch.add(item.topic, item.payload, self.max_payload_bytes)
+        except (MessageError, ValueError) as exc:
+            batch.reject(item.topic, str(exc), item.payload)
+        except Exception as exc:  # a bug must not end ingest: quarantine, count, go on
+            self._stats.internal_errors += 1
+            log.exception("ingest: %s: unexpected failure", item.topic)
+            batch.reject(item.topic, f"internal error: {exc!r}", item.payload)
