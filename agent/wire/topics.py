@@ -14,7 +14,7 @@ _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def _device(device_id: str) -> str:
-    if not _DEVICE_ID.match(device_id):
+    if not _DEVICE_ID.fullmatch(device_id):
         raise ValueError(f"device id {device_id!r} is not a valid topic level")
     return f"{PREFIX}/devices/{device_id}"
 

@@ -1,0 +1,198 @@
+"""The managed Mosquitto's settings, and the ``mosquitto.conf`` written from them.
+
+What keeps devices apart is fixed, not configurable: TLS with a client certificate from
+the fleet CA on every connection, the certificate's CN as the MQTT user name, no anonymous
+clients, an ACL that denies what it does not grant (:mod:`fleet_server.broker.acl`) and a
+CRL. Option names follow mosquitto.conf(5) of Mosquitto 2.0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from agent.configbase import Section
+from agent.wire import topics
+
+CONF_NAME = "mosquitto.conf"
+ACL_NAME = "acl"
+DATA_DIR = "data"
+_EXPIRY = re.compile(r"^[1-9][0-9]{0,5}[hdwmy]$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class MosquittoConfig(Section):
+    """A Mosquitto run by fleet-server as a child process, on one TLS listener."""
+
+    binary: str = Field(
+        "mosquitto",
+        description="The mosquitto executable: a name looked up on PATH (and the sbin "
+        "directories), or a path.",
+    )
+    host: str = Field(
+        "127.0.0.1", description="Address the listener binds to (an IP address or localhost)."
+    )
+    port: int = Field(8883, ge=1, le=65535, description="TCP port of the TLS listener.")
+    state_dir: Path = Field(
+        Path("/var/lib/edgefleet/broker"),
+        description="Where mosquitto.conf, the ACL file and the persistence database "
+        "(data/) are written.",
+    )
+    cafile: Path = Field(
+        Path("/var/lib/edgefleet/ca/ca.crt"),
+        description="The fleet CA certificate (PEM): client certificates must chain to it.",
+    )
+    crlfile: Path = Field(
+        Path("/var/lib/edgefleet/ca/crl.pem"),
+        description="The fleet CA's revocation list (PEM); reloaded on reload().",
+    )
+    certfile: Path = Field(
+        Path("/var/lib/edgefleet/broker/server.crt"),
+        description="The broker's server certificate (PEM), issued by the fleet CA.",
+    )
+    keyfile: Path = Field(
+        Path("/var/lib/edgefleet/broker/server.key"),
+        description="The broker's server key (PEM, unencrypted, mode 0600).",
+    )
+    tls_version: Literal["tlsv1.2", "tlsv1.3"] = Field(
+        "tlsv1.2", description="Lowest TLS version the listener accepts."
+    )
+    fleet_identity: str = Field(
+        "fleet-server",
+        description="CN of the fleet server's client certificate; the only identity that "
+        "may read and write every device's topics.",
+    )
+    max_packet_size: int = Field(
+        1024 * 1024,
+        ge=20,
+        le=268_435_455,
+        description="Largest MQTT packet in bytes; a client sending a larger one is disconnected.",
+    )
+    max_connections: int = Field(
+        10_000, ge=1, description="Most clients connected to the listener at once."
+    )
+    max_inflight_messages: int = Field(
+        20, ge=1, le=65535, description="QoS 1/2 messages in flight to one client."
+    )
+    max_queued_messages: int = Field(
+        1000, ge=1, description="QoS 1/2 messages queued for one client beyond those in flight."
+    )
+    max_keepalive: int = Field(
+        300, ge=10, le=65535, description="Longest keepalive (s) granted to MQTT 5 clients."
+    )
+    persistence: bool = Field(
+        True, description="Keep retained messages and sessions in state_dir/data/ across restarts."
+    )
+    autosave_interval_s: int = Field(
+        60, ge=0, description="Seconds between saves of the persistence database (0: on exit)."
+    )
+    persistent_client_expiration: str = Field(
+        "30d",
+        description="Drop the session of a client gone this long (number + h, d, w, m or y).",
+    )
+    start_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="How long start() waits for the listener."
+    )
+    stop_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="How long stop() waits before killing mosquitto."
+    )
+
+    @field_validator("binary", "fleet_identity", "persistent_client_expiration")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if not value or _CONTROL.search(value):
+            raise ValueError("must be a non-empty single line")
+        return value
+
+    @field_validator("state_dir", "cafile", "crlfile", "certfile", "keyfile")
+    @classmethod
+    def _path_one_line(cls, value: Path) -> Path:
+        if _CONTROL.search(str(value)):
+            raise ValueError("a path with a control character (newline?) is refused")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if value == "localhost":
+            return value
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address or localhost") from None
+        return value
+
+    @field_validator("fleet_identity")
+    @classmethod
+    def _identity(cls, value: str) -> str:
+        if not topics.is_device_id(value):
+            raise ValueError(f"{value!r} has characters an ACL user name can't hold")
+        return value
+
+    @field_validator("persistent_client_expiration")
+    @classmethod
+    def _expiry(cls, value: str) -> str:
+        if not _EXPIRY.match(value):
+            raise ValueError(f"{value!r} is not a duration like 30d (h, d, w, m, y)")
+        return value
+
+    @property
+    def conf_path(self) -> Path:
+        """Where mosquitto.conf is written."""
+        return self.state_dir / CONF_NAME
+
+    @property
+    def acl_path(self) -> Path:
+        """Where the ACL file is written."""
+        return self.state_dir / ACL_NAME
+
+    @property
+    def data_dir(self) -> Path:
+        """Where Mosquitto keeps its persistence database."""
+        return self.state_dir / DATA_DIR
+
+
+def mosquitto_conf(config: MosquittoConfig, run_as: str | None = None) -> str:
+    """The text of mosquitto.conf for ``config``.
+
+    ``run_as``: the user Mosquitto keeps when started as root (it would otherwise switch
+    to ``mosquitto`` and could not read the files fleet-server wrote mode 0600).
+    """
+    if run_as is not None and (not run_as or _CONTROL.search(run_as) or " " in run_as):
+        raise ValueError(f"{run_as!r} is not a user name")
+    lines = [
+        "# Written by fleet-server at every start; edits here are lost.",
+        *([f"user {run_as}"] if run_as else []),
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"acl_file {config.acl_path}",
+        f"max_packet_size {config.max_packet_size}",
+        f"max_inflight_messages {config.max_inflight_messages}",
+        f"max_queued_messages {config.max_queued_messages}",
+        f"max_keepalive {config.max_keepalive}",
+        f"persistent_client_expiration {config.persistent_client_expiration}",
+        f"persistence {'true' if config.persistence else 'false'}",
+        f"persistence_location {config.data_dir}/",
+        f"autosave_interval {config.autosave_interval_s}",
+        "log_dest stderr",
+        "log_timestamp false",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+        "log_type information",
+        "",
+        f"listener {config.port} {config.host}",
+        f"max_connections {config.max_connections}",
+        f"cafile {config.cafile}",
+        f"certfile {config.certfile}",
+        f"keyfile {config.keyfile}",
+        f"crlfile {config.crlfile}",
+        "require_certificate true",
+        "use_identity_as_username true",
+        f"tls_version {config.tls_version}",
+    ]
+    return "\n".join(lines) + "\n"
