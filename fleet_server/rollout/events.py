@@ -1,0 +1,137 @@
+"""What goes into the rollout machine (events) and what comes out (commands).
+
+Every event carries ``now`` (POSIX seconds): the machine never reads a clock. The I/O shell
+turns :class:`AssignDirective` and :class:`RevertDirective` into signed, retained
+directives, and :class:`Notify` into logs, events and operator messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class InstallOutcome(str, Enum):
+    """An install as the device's installer reports it (its journal status, mapped)."""
+
+    RUNNING = "running"
+    COMMITTED = "committed"
+    """Also the installer's ``noop`` (the release was already committed)."""
+    FAILED = "failed"
+    """Also ``refused`` and ``rolled-back`` (the latter with ``auto_rollback``)."""
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """A device's reported state, as the ingest last saw it.
+
+    ``active_*``: the bundle release it runs (None: unknown, the last known is kept).
+    ``install``: the outcome of its latest install, which is about ``install_bundle``
+    ``install_release`` (ignored unless that is the rollout's target). ``auto_rollback``:
+    that install was rolled back by the device after the switch. ``worker_crashes``,
+    ``p99_ms`` and ``outcome_counts`` (decisions by outcome) are for the active bundle.
+    """
+
+    device_id: str
+    now: float
+    online: bool = True
+    active_bundle: str | None = None
+    active_release: int | None = None
+    install: InstallOutcome | None = None
+    install_bundle: str | None = None
+    install_release: int | None = None
+    auto_rollback: bool = False
+    worker_crashes: int = 0
+    p99_ms: float | None = None
+    outcome_counts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes: timeouts and soaks are checked, shifts that ended release devices."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Approve:
+    """An operator lets the next wave start (only while awaiting approval)."""
+
+    now: float
+    by: str = ""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """An operator stops assignments; installs already sent go on."""
+
+    now: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """An operator continues a paused rollout (accepting devices that failed a gate)."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """An operator ends the rollout; devices keep what they run."""
+
+    now: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """An operator reverts every device the rollout assigned to its previous bundle."""
+
+    now: float
+    reason: str = ""
+
+
+Event = DeviceReport | Tick | Approve | Pause | Resume | Cancel | Rollback
+Operator = Approve | Pause | Resume | Cancel | Rollback
+
+
+@dataclass(frozen=True)
+class AssignDirective:
+    """Send the device a directive for the target bundle release."""
+
+    device_id: str
+    bundle: str
+    release: int
+
+
+@dataclass(frozen=True)
+class RevertDirective:
+    """Send the device back to the bundle it ran before (None: it ran none before).
+
+    The device has the target committed by now, so the shell must express this as a
+    rollback the installer accepts (the agent's rollback to its other slot), not as an
+    install of a lower release, which rollback protection refuses.
+    """
+
+    device_id: str
+    bundle: str | None
+    release: int | None
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Something an operator should see: a phase change, a gate failure, a refusal.
+
+    ``kind``: ``"phase"``, ``"gate_failed"`` or ``"rejected"`` (an operator event that
+    does not apply in this phase; nothing changed). ``wave``: the current wave, from 1.
+    """
+
+    kind: str
+    phase: str
+    wave: int
+    message: str
+
+
+Command = AssignDirective | RevertDirective | Notify

@@ -1,0 +1,333 @@
+"""The rollout controller's core: a pure state machine (no I/O, no clock).
+
+:func:`fleet_server.rollout.plan.plan` builds a rollout; :func:`step` takes a rollout
+and one event and returns the next rollout and the commands for the I/O shell. The input
+is never modified; the same events give the same states and commands. The phases,
+events, timeouts and next states are tabled in docs/rollouts.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fleet_server.rollout import gates
+from fleet_server.rollout.events import (
+    Approve,
+    AssignDirective,
+    Cancel,
+    Command,
+    DeviceReport,
+    Event,
+    Notify,
+    Operator,
+    Pause,
+    Resume,
+    RevertDirective,
+    Rollback,
+    Tick,
+)
+from fleet_server.rollout.reports import apply_report
+from fleet_server.rollout.spec import ALL
+from fleet_server.rollout.state import (
+    ACTIVE,
+    HISTORY,
+    TERMINAL,
+    UNASSIGNED,
+    UNSETTLED,
+    DeviceState,
+    Phase,
+    Rollout,
+    Transition,
+)
+from fleet_server.rollout.state import DeviceStatus as S
+from fleet_server.rollout.windows import in_ranges
+
+MAX_PASSES = 64
+"""Bound on phase changes computed for one event (each wave takes at most three)."""
+
+
+def step(rollout: Rollout, event: Event) -> tuple[Rollout, list[Command]]:
+    """The rollout after ``event``, and the commands to carry out (in order)."""
+    run = _Run(rollout, max(event.now, rollout.clock))
+    if isinstance(event, DeviceReport):
+        run.report(event)
+    elif not isinstance(event, Tick):
+        run.operator(event)
+    run.advance()
+    return run.result()
+
+
+def refusal(rollout: Rollout, event: Operator) -> str | None:
+    """Why ``event`` does not apply in the rollout's phase (None when it does)."""
+    phase = rollout.phase
+    ok = {
+        Approve: phase is Phase.AWAITING_APPROVAL,
+        Pause: phase is Phase.PLANNED or phase in ACTIVE,
+        Resume: phase is Phase.PAUSED,
+        Cancel: phase not in TERMINAL and phase is not Phase.ROLLING_BACK,
+        Rollback: phase not in (Phase.ROLLING_BACK, Phase.ROLLED_BACK),
+    }[type(event)]
+    return None if ok else f"cannot {type(event).__name__.lower()} a rollout that is {phase.value}"
+
+
+class _Run:
+    """One step's working copy: the devices and waves are copied once and mutated here."""
+
+    def __init__(self, rollout: Rollout, now: float) -> None:
+        self.r = replace(rollout, clock=now)
+        self.now = now
+        self.devices = dict(rollout.devices)
+        self.waves = list(rollout.waves)
+        self.cmds: list[Command] = []
+        self._shift: dict[str, bool] = {}
+
+    def result(self) -> tuple[Rollout, list[Command]]:
+        return replace(self.r, devices=self.devices, waves=tuple(self.waves)), self.cmds
+
+    # -- events ---------------------------------------------------------------------
+
+    def report(self, ev: DeviceReport) -> None:
+        device = self.devices.get(ev.device_id)
+        if device is None:
+            self.r = replace(self.r, ignored_reports=self.r.ignored_reports + 1)
+            return
+        self.devices[ev.device_id] = apply_report(device, ev, self.r.target, self.now)
+
+    def operator(self, ev: Operator) -> None:
+        why = refusal(self.r, ev)
+        if why is not None:
+            self.notify("rejected", why)
+            return
+        if isinstance(ev, Approve):
+            by = f" by {ev.by}" if ev.by else ""
+            self.next_wave(f"wave {self.r.wave + 1} approved{by}")
+        elif isinstance(ev, Pause):
+            self.pause(f"paused by operator{': ' + ev.reason if ev.reason else ''}")
+        elif isinstance(ev, Resume):
+            self.resume()
+        elif isinstance(ev, Cancel):
+            self.enter(Phase.CANCELLED, f"cancelled{': ' + ev.reason if ev.reason else ''}")
+        else:
+            self.rollback(f"rollback by operator{': ' + ev.reason if ev.reason else ''}")
+
+    def resume(self) -> None:
+        for device_id in self.r.failed_devices:
+            d = self.devices.get(device_id)
+            if d is not None:
+                self.devices[device_id] = replace(d, waived=True)
+        self.r = replace(self.r, failed_devices=())
+        self.enter(self.r.resume_to or Phase.ASSIGNING, "resumed by operator")
+
+    # -- phases ---------------------------------------------------------------------
+
+    def enter(self, phase: Phase, reason: str) -> None:
+        t = self.r.spec.policy.timeouts
+        wait = {
+            Phase.PLANNED: 0,
+            Phase.ASSIGNING: t.assigning_s,
+            Phase.SOAKING: self.r.spec.soak_s,
+            Phase.AWAITING_APPROVAL: t.awaiting_approval_s,
+            Phase.FINISHING: t.finishing_s,
+            Phase.PAUSED: t.paused_s,
+            Phase.ROLLING_BACK: t.rolling_back_s,
+        }.get(phase)
+        history = (*self.r.history, Transition(self.now, phase, self.r.wave + 1, reason))
+        self.r = replace(
+            self.r,
+            phase=phase,
+            since=self.now,
+            deadline=None if wait is None else self.now + wait,
+            reason=reason,
+            history=history[-HISTORY:],
+        )
+        self.notify("phase", reason)
+
+    def notify(self, kind: str, message: str) -> None:
+        self.cmds.append(Notify(kind, self.r.phase.value, self.r.wave + 1, message))
+
+    def pause(self, reason: str) -> None:
+        self.r = replace(self.r, resume_to=self.r.phase)
+        self.enter(Phase.PAUSED, reason)
+
+    def next_wave(self, reason: str) -> None:
+        self.r = replace(self.r, wave=self.r.wave + 1)
+        self.waves[self.r.wave] = replace(self.waves[self.r.wave], started_at=self.now)
+        self.enter(Phase.ASSIGNING, reason)
+
+    def rollback(self, reason: str) -> None:
+        for device_id in self.r.order:
+            d = self.devices[device_id]
+            if d.wave is None or d.status not in (*UNSETTLED, S.DONE, S.FAILED):
+                continue
+            prev = d.previous
+            self.cmds.append(
+                RevertDirective(
+                    device_id, prev.name if prev else None, prev.release if prev else None
+                )
+            )
+            self.devices[device_id] = replace(d, status=S.REVERTING, settled_at=None)
+        self.enter(Phase.ROLLING_BACK, reason)
+
+    def advance(self) -> None:
+        for _ in range(MAX_PASSES):
+            before = (self.r.phase, self.r.wave, self.r.since)
+            self.advance_once()
+            if (self.r.phase, self.r.wave, self.r.since) == before:
+                return
+
+    def advance_once(self) -> None:
+        r, now = self.r, self.now
+        due = r.deadline is not None and now >= r.deadline
+        if r.phase is Phase.PLANNED:
+            if not self.waves:
+                self.enter(Phase.COMPLETED, "every selected device already runs the target")
+            else:
+                self.waves[0] = replace(self.waves[0], started_at=now)
+                self.enter(Phase.ASSIGNING, "started")
+        elif r.phase is Phase.PAUSED and due:
+            limit = r.spec.policy.timeouts.paused_s
+            self.enter(Phase.CANCELLED, f"cancelled: paused longer than {limit} s")
+        elif r.phase is Phase.ROLLING_BACK:
+            left = [d for d in r.order if self.devices[d].status is S.REVERTING]
+            if not left:
+                self.enter(Phase.ROLLED_BACK, "every reverted device runs its previous bundle")
+            elif due:
+                self.enter(Phase.ROLLED_BACK, f"timeout: not confirmed by {_ids(left)}")
+        elif r.phase in ACTIVE:
+            self.active(due)
+
+    def active(self, due: bool) -> None:
+        r, now = self.r, self.now
+        self.fill()
+        wave = self.waves[r.wave]
+        last = r.wave == len(self.waves) - 1
+        verdict = gates.evaluate(
+            r.spec.policy.gates,
+            self.samples(),
+            r.budget_ms,
+            soak_over=r.phase is Phase.SOAKING and due,
+        )
+        self.r = replace(self.r, gate=verdict.metrics)
+        if isinstance(verdict, gates.GateFail):
+            self.fail(verdict)
+            return
+        mine = [self.devices[d] for d in r.order if self.devices[d].wave is not None]
+        unsettled = [d.device_id for d in mine if d.status in UNSETTLED]
+        evidence = any(d.status is S.DONE for d in mine)
+        pending = [d for d in self.devices.values() if d.status in UNASSIGNED]
+        if unsettled or not evidence:
+            if r.phase is not Phase.ASSIGNING:
+                why = f"{len(unsettled)} devices installing" if unsettled else "no device done"
+                self.enter(Phase.ASSIGNING, why)
+            elif due:
+                self.pause(self.assign_timeout(unsettled, pending))
+        elif r.phase is Phase.ASSIGNING:
+            if wave.devices or not pending or last:
+                self.enter(Phase.SOAKING, f"all {len(mine)} assigned devices settled")
+            elif due:
+                self.pause(self.assign_timeout(unsettled, pending))
+        elif r.phase is Phase.SOAKING and due and isinstance(verdict, gates.GatePass):
+            self.waves[r.wave] = replace(wave, passed_at=now, metrics=verdict.metrics)
+            if last:
+                self.finish(pending)
+            elif r.spec.policy.approval_between_waves:
+                self.enter(Phase.AWAITING_APPROVAL, f"wave {r.wave + 1} passed; approve the next")
+            else:
+                self.next_wave(f"wave {r.wave + 1} passed")
+        elif r.phase is Phase.AWAITING_APPROVAL and due:
+            self.pause("timeout: no approval for the next wave")
+        elif r.phase is Phase.FINISHING and (due or not pending):
+            self.finish(pending if not due else [])
+
+    def finish(self, pending: list[DeviceState]) -> None:
+        if pending:
+            self.enter(Phase.FINISHING, f"last wave passed; {len(pending)} devices pending")
+            return
+        done = all(d.status is S.DONE for d in self.devices.values())
+        if done:
+            self.enter(Phase.COMPLETED, "every selected device runs the target")
+        else:
+            left = [d for d in self.r.order if self.devices[d].status is not S.DONE]
+            self.enter(Phase.COMPLETED_PARTIAL, f"not done: {_ids(left)}")
+
+    def fail(self, verdict: gates.GateFail) -> None:
+        wave = self.r.wave + 1
+        self.r = replace(self.r, failed_devices=verdict.devices)
+        self.notify("gate_failed", f"wave {wave}: {verdict.reason}")
+        reason = f"gate failed in wave {wave}: {verdict.reason}"
+        if self.r.spec.policy.rollback_done_waves_on_failure:
+            self.rollback(reason)
+        else:
+            self.pause(reason)
+
+    def assign_timeout(self, unsettled: list[str], pending: list[DeviceState]) -> str:
+        wave = self.r.wave + 1
+        if unsettled:
+            return f"timeout: wave {wave} devices did not report done: {_ids(unsettled)}"
+        offline = sum(1 for d in pending if not d.online)
+        held = sum(1 for d in pending if d.online and self.in_shift(d))
+        return (
+            f"timeout: wave {wave} could not assign a device or see one done "
+            f"({offline} offline, {held} held by a shift)"
+        )
+
+    # -- devices --------------------------------------------------------------------
+
+    def fill(self) -> None:
+        """Assign pending, online devices outside a shift, in order, up to the wave's target."""
+        wave = self.waves[self.r.wave]
+        room = wave.target - sum(1 for d in self.devices.values() if d.wave is not None)
+        added: list[str] = []
+        for device_id in self.r.order:
+            if room <= 0:
+                break
+            d = self.devices[device_id]
+            if d.status is not S.PENDING or not d.online or self.in_shift(d):
+                continue
+            self.devices[device_id] = replace(
+                d, status=S.ASSIGNED, wave=self.r.wave, assigned_at=self.now
+            )
+            self.cmds.append(AssignDirective(device_id, self.r.target.name, self.r.target.release))
+            added.append(device_id)
+            room -= 1
+        if added:
+            self.waves[self.r.wave] = replace(wave, devices=(*wave.devices, *added))
+
+    def in_shift(self, device: DeviceState) -> bool:
+        line = device.labels.get("line", "")
+        if line not in self._shift:
+            policy = self.r.spec.policy
+            ranges = [*policy.shifts.get(line, []), *policy.shifts.get(ALL, [])]
+            self._shift[line] = in_ranges(ranges, self.now, policy.timezone)
+        return self._shift[line]
+
+    def samples(self) -> list[gates.DeviceSample]:
+        out = []
+        for device_id in self.r.order:
+            d = self.devices[device_id]
+            if d.wave is None:
+                continue
+            settled = d.status not in UNSETTLED
+            if d.waived:
+                out.append(gates.DeviceSample(device_id, settled, d.status is S.DONE))
+                continue
+            out.append(
+                gates.DeviceSample(
+                    device_id=device_id,
+                    settled=settled,
+                    done=d.status is S.DONE,
+                    install_failed=d.install_failed,
+                    auto_rollback=d.auto_rollback,
+                    worker_crashes=d.worker_crashes,
+                    p99_ms=d.p99_ms,
+                    outcomes=d.outcomes,
+                    base_p99_ms=d.base_p99_ms,
+                    base_outcomes=d.base_outcomes,
+                )
+            )
+        return out
+
+
+def _ids(ids: list[str], shown: int = 5) -> str:
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(ids[:shown]) + more

@@ -1,0 +1,102 @@
+"""How one device report changes one device's record (pure).
+
+The rules, whatever the rollout's phase:
+
+- a device not yet assigned follows its online flag (``pending`` / ``offline``) and becomes
+  ``done`` when it reports the target as active (it already had it, or got it some other
+  way); its ``previous`` follows what it reports, so a revert restores what it really ran;
+- an assigned device becomes ``installing``, then ``done`` (target active, install not
+  running or failed) or ``failed`` (the install of the target failed or was rolled back);
+- an install outcome counts only when it is about the target, so a stale failure of an
+  earlier release never fails this rollout, and going offline never fails a device;
+- a ``reverting`` device becomes ``rolled-back`` when it reports its previous bundle.
+
+Metrics under the target feed the gates; metrics under the previous bundle, reported
+before the device was switched, are its baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from fleet_server.rollout.events import DeviceReport, InstallOutcome
+from fleet_server.rollout.state import UNASSIGNED, UNSETTLED, BundleRef, DeviceState
+from fleet_server.rollout.state import DeviceStatus as S
+
+
+def reported_active(report: DeviceReport) -> BundleRef | None:
+    """The bundle release the report names as active (None when it names none)."""
+    if report.active_bundle is None or report.active_release is None:
+        return None
+    return BundleRef(report.active_bundle, report.active_release)
+
+
+def apply_report(
+    device: DeviceState, report: DeviceReport, target: BundleRef, now: float
+) -> DeviceState:
+    """``device`` after ``report`` (at ``now``) in a rollout of ``target``."""
+    active = reported_active(report) or device.active
+    about = (
+        report.install is not None
+        and report.install_bundle == target.name
+        and report.install_release == target.release
+    )
+    outcome = report.install if about else None
+    failed = about and (outcome is InstallOutcome.FAILED or report.auto_rollback)
+    on_target = active == target and outcome not in (InstallOutcome.RUNNING, InstallOutcome.FAILED)
+    new: dict[str, Any] = {
+        "online": report.online,
+        "active": active,
+        "reports": device.reports + 1,
+        "last_report_at": now,
+    }
+    status = device.status
+    if status in UNASSIGNED:
+        if on_target:
+            new |= {"status": S.DONE, "settled_at": now}
+        else:
+            new["status"] = S.PENDING if report.online else S.OFFLINE
+            if active is not None and active != target:
+                new["previous"] = active
+    elif status in UNSETTLED or status is S.DONE:
+        if failed:
+            new |= {
+                "status": S.FAILED,
+                "install_failed": True,
+                "auto_rollback": report.auto_rollback,
+                "settled_at": now,
+            }
+        elif on_target and status is not S.DONE:
+            new |= {"status": S.DONE, "settled_at": now}
+        elif outcome is InstallOutcome.RUNNING and status is S.ASSIGNED:
+            new["status"] = S.INSTALLING
+    elif status is S.FAILED:
+        if on_target and outcome is InstallOutcome.COMMITTED:
+            new |= {
+                "status": S.DONE,
+                "install_failed": False,
+                "auto_rollback": False,
+                "settled_at": now,
+            }
+    elif status is S.REVERTING and active == device.previous and active != target:
+        new |= {"status": S.ROLLED_BACK, "settled_at": now}
+
+    if active == target and (on_target or about):
+        new["worker_crashes"] = max(device.worker_crashes, report.worker_crashes)
+        if report.p99_ms is not None:
+            new["p99_ms"] = report.p99_ms
+        if report.outcome_counts:
+            new["outcomes"] = dict(report.outcome_counts)
+    elif about and failed:
+        new["worker_crashes"] = max(device.worker_crashes, report.worker_crashes)
+    elif (
+        active is not None
+        and active == new.get("previous", device.previous)
+        and (status in UNASSIGNED or status is S.ASSIGNED)
+    ):
+        if report.p99_ms is not None:
+            new["base_p99_ms"] = report.p99_ms
+        if report.outcome_counts:
+            new["base_outcomes"] = dict(report.outcome_counts)
+    return replace(device, **new)
