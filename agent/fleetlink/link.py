@@ -4,6 +4,7 @@ happened. The transport (MQTT or a side-load directory) is the fetcher's busines
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import time
@@ -16,7 +17,7 @@ from tuf.ngclient.fetcher import FetcherInterface
 from agent.errors import AgentError
 from agent.fleetlink.config import FleetConfig
 from agent.installer import Installer, InstallError
-from agent.update.client import BundleClient
+from agent.update.client import Assignment, BundleClient
 from agent.update.errors import UpdateError
 from agent.update.timefloor import TimeFloor
 from agent.update.trust import ROOT_FILE, check_root
@@ -69,6 +70,22 @@ def make_client(
     )
 
 
+def previous_slot_holds(installer: Installer, name: str, release: int, sha256: str) -> bool:
+    """Whether ``name``'s previous (not active) slot holds exactly ``release``, with a
+    manifest whose sha256 is the one the fleet signed."""
+    for slot in installer.status():
+        if slot.name != name or slot.active or slot.state != "previous" or slot.bundle is None:
+            continue
+        if slot.bundle.release != release:
+            continue
+        try:
+            data = (slot.path / "manifest.json").read_bytes()
+        except OSError:
+            return False
+        return hashlib.sha256(data).hexdigest() == sha256
+    return False
+
+
 def apply_directive(
     client: BundleClient,
     installer: Installer,
@@ -89,6 +106,36 @@ def apply_directive(
     report |= {"bundle": a.name, "release": a.release, "version": a.version, "counter": a.counter}
     if a.already_applied:
         return report | {"outcome": "noop", "step": "plan", "reason": "already applied"}
+    if previous_slot_holds(installer, a.name, a.release, a.hashes.get("sha256", "")):
+        return _revert(client, installer, a, report)
+    return _install(client, installer, a, report, staging_root, source, probe_factory)
+
+
+def _revert(client: BundleClient, installer: Installer, a: Assignment, report: Report) -> Report:
+    """The fleet reverts a wave: the assigned release is the one this device ran before,
+    intact in its other slot. Going back is a rollback, not an install."""
+    try:
+        result = installer.rollback(a.name)
+    except InstallError as e:
+        return report | {"outcome": "failed", "step": e.step, "reason": e.reason}
+    client.record_applied(a.counter, a.digest)
+    return report | {
+        "outcome": result.outcome,
+        "step": "rollback",
+        "reason": "",
+        "slot": result.slot,
+    }
+
+
+def _install(
+    client: BundleClient,
+    installer: Installer,
+    a: Assignment,
+    report: Report,
+    staging_root: Path,
+    source: str,
+    probe_factory: ProbeFactory | None,
+) -> Report:
     staging = staging_root / f"{a.name}-{a.release}"
     shutil.rmtree(staging, ignore_errors=True)
     staging_root.mkdir(parents=True, exist_ok=True)

@@ -224,3 +224,38 @@ def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_
     active = Installer(state, profile_name=PROFILE).active_bundle("cls")
     assert active is not None
     assert json.loads((active / "manifest.json").read_text())["release"] == 1
+
+
+def test_a_directive_for_the_previous_release_rolls_back_to_the_other_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mosquitto: Broker
+) -> None:
+    from agent.fleetlink.sideload import sideload
+
+    monkeypatch.setenv("EDGEFLEET_KEY_PASSPHRASE", "test passphrase, made at test time")
+    keys = KeyStore.create(tmp_path / "keys", root_keys=3, root_threshold=2)
+    repo = Repository(tmp_path / "repo")
+    repo.init(keys)
+    for release in (1, 2):
+        b = make_bundle(tmp_path, name="cls", version=f"1.{release}.0", release=release)
+        repo.publish(b.path, keys)
+    cfg = parse_config(_agent_config(tmp_path, repo, mosquitto))
+    medium = tmp_path / "usb"
+    (medium / "directives").mkdir(parents=True)
+
+    def assign(release: int) -> dict[str, object]:
+        for part in ("metadata", "targets"):
+            shutil.rmtree(medium / part, ignore_errors=True)
+            shutil.copytree(repo.path / part, medium / part)
+        data = issue_directive(repo, keys, DEVICE, PROFILE, "cls", release)
+        (medium / "directives" / f"{DEVICE}.json").write_bytes(data)
+        return sideload(medium, cfg)
+
+    assert assign(1)["outcome"] == "committed"
+    assert assign(2)["outcome"] == "committed"
+    back = assign(1)  # the fleet reverts: release 1 is intact in the other slot
+    assert back["outcome"] == "rolled-back", back
+    assert back["step"] == "rollback"
+    installer = Installer(cfg.agent.state_dir, profile_name=PROFILE)
+    active = installer.active_bundle("cls")
+    assert active is not None
+    assert json.loads((active / "manifest.json").read_text())["release"] == 1
