@@ -128,6 +128,12 @@ class MqttFetcher(FetcherInterface):
         max_retries: requests asked again per file before giving up.
         deadline_s: the most time one file may take (then SlowRetrievalError).
         chunk_size: bytes asked per request (at most 256 KiB).
+        tls_ca, tls_cert, tls_key: TLS with a client certificate (the device identity:
+            :class:`agent.identity.Identity` ``ca_path``, ``cert_path``, ``key_path``).
+
+    Raises:
+        ValueError: a bad chunk size, some but not all TLS files, or TLS files and
+            ``tls_context`` both; OSError (ssl.SSLError): a TLS file can't be loaded.
     """
 
     def __init__(
@@ -145,6 +151,9 @@ class MqttFetcher(FetcherInterface):
         password: str | None = None,
         keepalive_s: int = 30,
         tls_context: ssl.SSLContext | None = None,
+        tls_ca: Path | str | None = None,
+        tls_cert: Path | str | None = None,
+        tls_key: Path | str | None = None,
     ) -> None:
         if not 1 <= chunk_size <= MAX_CHUNK:
             raise ValueError(f"chunk_size {chunk_size} is not in [1, {MAX_CHUNK}]")
@@ -170,7 +179,18 @@ class MqttFetcher(FetcherInterface):
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5)
         if username:
             client.username_pw_set(username, password)
-        if tls_context is not None:
+        tls_files = (tls_ca, tls_cert, tls_key)
+        if any(f is not None for f in tls_files):
+            if tls_context is not None or any(f is None for f in tls_files):
+                raise ValueError("give tls_ca, tls_cert and tls_key together, or tls_context")
+            client.tls_set(
+                ca_certs=str(tls_ca),
+                certfile=str(tls_cert),
+                keyfile=str(tls_key),
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,  # TLS 1.2 at least, host name checked
+            )
+        elif tls_context is not None:
             client.tls_set_context(tls_context)
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
         client.on_connect = self._on_connect

@@ -1,0 +1,68 @@
+"""The ``[uplink]`` section: reports to the fleet over MQTT with the device's identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from agent.configbase import Section
+from agent.identity import IDENTITY_DIR
+from agent.wire.messages import MAX_DECISION_ROWS
+
+
+class UplinkConfig(Section):
+    """Reported state, heartbeats, health, events and decision uploads to the fleet."""
+
+    enabled: bool = Field(False, description="Report to the fleet (needs `edge-agent enroll`).")
+    identity_dir: Path = Field(
+        IDENTITY_DIR,
+        description="The device identity written by `edge-agent enroll`; relative to the "
+        "state directory.",
+    )
+    broker_host: str | None = Field(
+        None, description="The fleet broker's host (default: the one enrollment gave)."
+    )
+    broker_port: int | None = Field(
+        None, ge=1, le=65535, description="The fleet broker's TLS port (default: from enrollment)."
+    )
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive in seconds.")
+    reconnect_max_s: int = Field(
+        30, ge=1, le=3600, description="Longest wait between reconnection attempts."
+    )
+    heartbeat_interval_s: float = Field(
+        1.0, gt=0, le=3600, description="Seconds between heartbeats."
+    )
+    heartbeat_qos: Literal[0, 1] = Field(
+        0, description="MQTT QoS of heartbeats (0: no acknowledgement, half the traffic)."
+    )
+    health_interval_s: float = Field(
+        10.0, gt=0, le=3600, description="Seconds between health reports."
+    )
+    decisions_batch: int = Field(
+        200, ge=1, le=MAX_DECISION_ROWS, description="Most decision rows in one upload."
+    )
+    decisions_interval_s: float = Field(
+        2.0, gt=0, le=3600, description="Seconds between looks for decisions to upload."
+    )
+    ack_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="How long a decision upload waits for the broker's PUBACK before it is "
+        "sent again later.",
+    )
+    max_queued_messages: int = Field(
+        1000,
+        ge=10,
+        le=100_000,
+        description="Messages held in memory while unacknowledged or offline; past it a "
+        "publish is refused and counted.",
+    )
+
+    def identity_path(self, state_dir: Path) -> Path:
+        """The identity directory, resolved against ``state_dir``."""
+        return (
+            self.identity_dir if self.identity_dir.is_absolute() else state_dir / self.identity_dir
+        )

@@ -1,0 +1,382 @@
+"""The device's uplink to the fleet: one MQTT 5 connection over TLS with the device's
+identity, carrying its reported state (retained), heartbeats, health, events and
+decision uploads (:mod:`agent.wire.topics`, :mod:`agent.wire.messages`).
+
+The last will is :meth:`ReportedState.offline` on the state topic, retained: the fleet
+sees the device offline when its connection dies, and :meth:`Uplink.stop` ends with a
+DISCONNECT that asks the broker to publish it too. Decision rows are marked uploaded only
+after the broker's PUBACK says success; a refused upload (NOT_AUTHORIZED ...) is counted
+and its rows are sent again later. paho keeps unacknowledged messages in memory only, at
+most ``max_queued_messages``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from pydantic import ValidationError
+
+from agent.decisionlog import DecisionLog
+from agent.errors import AgentError
+from agent.identity import Identity
+from agent.uplink import decisions
+from agent.uplink.acks import Pending, Publisher
+from agent.uplink.config import UplinkConfig
+from agent.uplink.sysinfo import SysInfo
+from agent.wire import topics
+from agent.wire.messages import (
+    Event,
+    Health,
+    Heartbeat,
+    Message,
+    MessageError,
+    ReportedState,
+    encode,
+    error_text,
+)
+
+log = logging.getLogger(__name__)
+
+StateSource = Callable[[], Mapping[str, Any]]
+HealthSource = Callable[[], Mapping[str, Any]]
+_MAX_BACKOFF_S = 60.0
+_JOIN_S = 5.0
+
+
+@dataclass
+class _Timer:
+    due: float
+    step: Callable[[], None]
+    interval: float
+
+
+class UplinkError(AgentError):
+    """The uplink can't send: not started, or paho refused the message (queue full).
+
+    Attributes:
+        reason: what failed.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"uplink: {reason}")
+
+
+class Uplink:
+    """Reports this device to the fleet (see the module docstring).
+
+    Args:
+        device_id: this device; the client id and the topics' device level. The broker
+            lets it publish only on the topics of its certificate's CN.
+        identity: the key, certificate and broker from enrollment.
+        state: what :class:`ReportedState` holds besides device id, time and online
+            (agent_version, profile, labels, active, previous); called on every (re)connect
+            and by :meth:`publish_state`.
+        health: the agent's part of :class:`Health` (fps, latency_ms, queue_depth, drops);
+            the machine's part (CPU, memory, temperature, disk) comes from ``sysinfo``.
+        decision_log: the log whose rows are uploaded; None uploads none.
+        sysinfo: the machine sampler (default: disk of the identity's state directory).
+
+    Raises:
+        IdentityError: the identity's TLS files can't be loaded.
+    """
+
+    def __init__(
+        self,
+        device_id: str,
+        identity: Identity,
+        config: UplinkConfig,
+        *,
+        state: StateSource,
+        health: HealthSource,
+        decision_log: DecisionLog | None = None,
+        sysinfo: SysInfo | None = None,
+    ) -> None:
+        self.device_id = device_id
+        self.identity = identity
+        self.config = config
+        self.host = config.broker_host or identity.broker_host
+        self.port = config.broker_port or identity.broker_port
+        self._state_source = state
+        self._health_source = health
+        self._sysinfo = sysinfo or SysInfo(identity.directory.parent)
+        self._seq: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._state_due = threading.Event()
+        self._connected = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._state_topic = topics.state(device_id)
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5)
+        identity.tls_configure(client)
+        client.will_set(
+            self._state_topic, encode(ReportedState.offline(device_id)), qos=1, retain=True
+        )
+        client.max_queued_messages_set(config.max_queued_messages)
+        client.reconnect_delay_set(1, config.reconnect_max_s)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        self._client = client
+        self._pub = Publisher(client, config.max_queued_messages)
+        client.on_publish = self._pub.on_publish
+        self._uploader = (
+            None
+            if decision_log is None
+            else decisions.Uploader(
+                decision_log,
+                device_id,
+                self._pub,
+                batch=config.decisions_batch,
+                ack_timeout_s=config.ack_timeout_s,
+                stop=self._stop,
+            )
+        )
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect in the background (and keep reconnecting); start the report threads.
+
+        Raises:
+            UplinkError: started before.
+        """
+        if self._started:
+            raise UplinkError("already started (an Uplink starts once)")
+        self._started = True
+        self._client.connect_async(self.host, self.port, keepalive=self.config.keepalive_s)
+        self._client.loop_start()
+        self._spawn("uplink-reports", self._reports_loop)
+        if self._uploader is not None:
+            self._spawn("uplink-decisions", self._decisions_loop)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Whether the broker accepted the connection within ``timeout_s``."""
+        return self._connected.wait(timeout_s)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up."""
+        return self._connected.is_set()
+
+    def stop(self, timeout_s: float = _JOIN_S) -> None:
+        """Stop the threads and disconnect, asking the broker to publish the offline will.
+        Idempotent; waits at most about ``timeout_s`` for the threads."""
+        if not self._started or self._stop.is_set():
+            return
+        self._stop.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.error("uplink: thread %s did not stop within %.1f s", thread.name, timeout_s)
+        will = ReasonCode(PacketTypes.DISCONNECT, "Disconnect with will message")
+        self._client.disconnect(reasoncode=will)
+        self._client.loop_stop()
+        self._connected.clear()
+
+    # -- what is sent ------------------------------------------------------------------
+
+    def publish_state(self) -> Pending | None:
+        """Publish the reported state now (retained, QoS 1); None when not connected."""
+        if not self.connected:
+            self._state_due.set()  # sent on connect
+            return None
+        try:
+            extra = dict(self._state_source())
+        except Exception:
+            log.exception("uplink: the state source failed; reporting online only")
+            self._pub.count("state_errors")
+            extra = {}
+        extra.setdefault("labels", self.identity.labels)
+        if self.identity.profile:
+            extra.setdefault("profile", self.identity.profile)
+        base = {"device_id": self.device_id, "ts": time.time(), "online": True}
+        try:
+            message = ReportedState.model_validate({**extra, **base})
+        except ValidationError as exc:
+            why = error_text(exc)
+            log.error("uplink: reported state not valid (%s); reporting online only", why)  # noqa: TRY400
+            self._pub.count("state_errors")
+            message = ReportedState.model_validate(base)
+        return self._send("state", self._state_topic, message, retain=True)
+
+    def event(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        *,
+        event_id: str | None = None,
+        ts: float | None = None,
+    ) -> str:
+        """Publish an event (QoS 1); held in memory while offline. Returns its id: give
+        the same id when sending the same event again (the fleet stores it once).
+
+        Raises:
+            MessageError: not a valid event (bad kind or id, payload too large).
+            UplinkError: not started, or the in-memory queue is full.
+        """
+        if not self._started or self._stop.is_set():
+            raise UplinkError(f"event {kind!r} not sent: the uplink is not running")
+        eid = event_id or f"{kind}-{uuid.uuid4().hex}"
+        try:
+            message = Event(
+                device_id=self.device_id,
+                kind=kind,
+                event_id=eid,
+                ts=ts or time.time(),
+                payload=dict(payload),
+            )
+        except ValidationError as exc:
+            raise MessageError("event", error_text(exc)) from exc
+        if self._send("event", topics.events(self.device_id), message) is None:
+            raise UplinkError(f"event {eid} not sent: {self._pub.last_error}")
+        return eid
+
+    def _send(
+        self, kind: str, topic: str, message: Message, *, qos: int = 1, retain: bool = False
+    ) -> Pending | None:
+        return self._pub.send(kind, topic, encode(message), qos=qos, retain=retain)
+
+    def _heartbeat(self) -> None:
+        message = Heartbeat(device_id=self.device_id, seq=self._next("heartbeat"), ts=time.time())
+        self._send(
+            "heartbeat", topics.heartbeat(self.device_id), message, qos=self.config.heartbeat_qos
+        )
+
+    def _health(self) -> None:
+        data: dict[str, Any] = self._sysinfo.sample()
+        try:
+            data.update(self._health_source())
+        except Exception:
+            log.exception("uplink: the health source failed; sending the machine's part")
+            self._pub.count("health_errors")
+        base = {"device_id": self.device_id, "seq": self._next("health"), "ts": time.time()}
+        try:
+            message = Health.model_validate({**data, **base})
+        except ValidationError as exc:
+            log.error("uplink: health report not valid, not sent: %s", error_text(exc))  # noqa: TRY400
+            self._pub.count("health_errors")
+            return
+        self._send("health", topics.telemetry(self.device_id), message)
+
+    def _next(self, kind: str) -> int:
+        seq = self._seq[kind]
+        self._seq[kind] += 1
+        return seq
+
+    # -- threads -----------------------------------------------------------------------
+
+    def _reports_loop(self) -> None:
+        cfg = self.config
+        start = time.monotonic()
+        timers = [
+            _Timer(start, self._heartbeat, cfg.heartbeat_interval_s),
+            _Timer(start, self._health, cfg.health_interval_s),
+        ]
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for timer in timers:
+                if now < timer.due:
+                    continue
+                timer.due = max(timer.due + timer.interval, now)
+                if self.connected:
+                    self._guarded(timer.step)
+                else:
+                    self._pub.count("skipped_offline")
+            if self._state_due.is_set() and self.connected:
+                self._state_due.clear()
+                self._guarded(self.publish_state)
+            wait = min(t.due for t in timers) - time.monotonic()
+            self._wake.wait(min(max(wait, 0.0), 1.0))
+            self._wake.clear()
+
+    def _guarded(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception:  # a report thread outlives a bad report: log and count
+            log.exception("uplink: %s failed", getattr(step, "__name__", step))
+            self._pub.count("report_errors")
+
+    def _decisions_loop(self) -> None:
+        uploader = self._uploader
+        if uploader is None:
+            return
+        interval = self.config.decisions_interval_s
+        failures = 0
+        wait = interval
+        while not self._stop.wait(wait):
+            more = False
+            if self.connected:
+                try:
+                    more = uploader.upload_once()
+                    failures = 0
+                except AgentError as exc:
+                    failures += 1
+                    log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
+                except Exception:
+                    failures += 1
+                    log.exception("uplink: decision upload failed")
+            backoff = min(interval * 2 ** min(failures, 6), max(_MAX_BACKOFF_S, interval))
+            wait = 0.0 if more else backoff
+
+    # -- paho callbacks (network thread) -----------------------------------------------
+
+    def _on_connect(
+        self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
+    ) -> None:
+        if reason.is_failure:
+            self._pub.count("connect_refused")
+            self._pub.last_error = f"the broker refused the connection: {reason}"
+            log.error("uplink: %s:%d refused the connection: %s", self.host, self.port, reason)
+            return
+        self._pub.count("connects")
+        self._pub.last_error = ""
+        self._connected.set()
+        self._state_due.set()
+        self._wake.set()
+
+    def _on_disconnect(
+        self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
+    ) -> None:
+        was_up = self._connected.is_set()
+        self._connected.clear()
+        if was_up:
+            self._pub.count("disconnects")
+            if not self._stop.is_set():
+                log.warning("uplink: lost %s:%d: %s", self.host, self.port, reason)
+
+    # -- figures -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: connected, connects, disconnects, sent_<kind>, acked and refused per
+        kind, decisions_uploaded, decision_failures, decision_timeouts, decisions_invalid,
+        skipped_offline, ..."""
+        acks = self._pub.acks
+        out: dict[str, Any] = self._pub.counts()
+        out["connected"] = int(self.connected)
+        out["outstanding"] = acks.outstanding()
+        out["acked"] = dict(acks.acked)
+        out["refused"] = dict(acks.refused)
+        out["abandoned"] = dict(acks.abandoned)
+        out["unmatched_acks"] = acks.unmatched
+        out["last_error"] = self._pub.last_error
+        return out

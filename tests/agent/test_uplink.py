@@ -1,0 +1,445 @@
+"""The uplink against real parts: identities enrolled through a real HTTP endpoint and
+fleet CA, a managed Mosquitto with TLS and per-device ACLs, the fleet's own identity as
+the subscriber, a real decision log, the agent as a subprocess for the last will."""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.decisionlog import DecisionLog, DecisionLogConfig
+from agent.identity import Identity, enroll
+from agent.uplink import SysInfo, Uplink, UplinkConfig, UplinkError
+from agent.uplink.acks import AckTracker
+from agent.uplink.decisions import make_batch, pending_rows, to_wire
+from agent.uplink.sysinfo import process_cpu_s, rss_kb, temperatures
+from agent.wire import topics
+from agent.wire.messages import (
+    DecisionUpload,
+    Event,
+    Heartbeat,
+    MessageError,
+    ReportedState,
+    parse,
+    parse_telemetry,
+)
+from fleet_server.broker import ManagedBroker, MosquittoConfig
+from tests.agent.decisionlog_driver import make_record
+from tests.agent.fleet_enroll_server import EnrollServer
+from tests.broker import free_port
+from tests.fleet.tls_peers import WAIT_S, Peer, Pki, make_ca
+from tests.update.tuf_repo import TufRepo
+
+DRIVER = Path(__file__).with_name("uplink_driver.py")
+FAST = UplinkConfig(
+    enabled=True,
+    heartbeat_interval_s=0.1,
+    health_interval_s=0.3,
+    decisions_interval_s=0.1,
+    ack_timeout_s=5.0,
+)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    directory = tmp_path_factory.mktemp("pki")
+    return Pki(directory, make_ca(directory))
+
+
+def _broker_config(pki: Pki, state_dir: Path) -> MosquittoConfig:
+    return MosquittoConfig(
+        port=free_port(),
+        state_dir=state_dir,
+        cafile=pki.ca.cert_path,
+        crlfile=pki.ca.crl_path,
+        certfile=pki.cert("server"),
+        keyfile=pki.key("server"),
+    )
+
+
+@pytest.fixture(scope="module")
+def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedBroker]:
+    with ManagedBroker(_broker_config(pki, tmp_path_factory.mktemp("broker"))) as managed:
+        yield managed
+
+
+@pytest.fixture(scope="module")
+def server(
+    pki: Pki, broker: ManagedBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EnrollServer]:
+    repo = TufRepo(tmp_path_factory.mktemp("repo"))
+    root = (repo.metadata_dir / "root.json").read_bytes()
+    srv = EnrollServer(pki.ca, broker.config.port, root).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def enrolled(server: EnrollServer, tmp_path: Path) -> Callable[[str], Identity]:
+    def _enroll(device_id: str) -> Identity:
+        state = tmp_path / device_id
+        token = server.issue(device_id, {"line": "3"}, "jetson-orin")
+        return enroll(server.url, token, state, device_id, trust_dir=state / "trust")
+
+    return _enroll
+
+
+@pytest.fixture
+def fleet(pki: Pki, broker: ManagedBroker) -> Iterator[Callable[..., Peer]]:
+    peers: list[Peer] = []
+
+    def _connect(port: int | None = None) -> Peer:
+        peer = Peer(
+            port or broker.config.port,
+            pki.ca.cert_path,
+            pki.cert("fleet-server"),
+            pki.key("fleet-server"),
+        )
+        assert peer.connect(), "the fleet's own identity was refused"
+        peers.append(peer)
+        return peer
+
+    yield _connect
+    for peer in peers:
+        peer.close()
+
+
+@pytest.fixture
+def uplinks() -> Iterator[list[Uplink]]:
+    started: list[Uplink] = []
+    yield started
+    for uplink in started:
+        uplink.stop()
+
+
+def collect(
+    peer: Peer, done: Callable[[list[tuple[str, bytes]]], bool], timeout_s: float = WAIT_S
+) -> list[tuple[str, bytes]]:
+    """Messages received until ``done(messages)`` (or the timeout)."""
+    got: list[tuple[str, bytes]] = []
+    end = time.monotonic() + timeout_s
+    while not done(got):
+        left = end - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"not done within {timeout_s} s; got {[t for t, _ in got]}")
+        try:
+            got.append(peer.inbox.get(timeout=min(left, 0.2)))
+        except queue.Empty:
+            continue
+    return got
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def on(topic: str) -> Callable[[list[tuple[str, bytes]]], list[bytes]]:
+    return lambda got: [p for t, p in got if t == topic]
+
+
+def thermal_tree(root: Path) -> Path:
+    for zone, kind, temp in (("thermal_zone0", "cpu-thermal", "45500\n"),
+                             ("thermal_zone1", "gpu-thermal", "off\n"),
+                             ("thermal_zone2", "cpu-thermal", "-2000\n")):  # fmt: skip
+        (root / zone).mkdir(parents=True)
+        (root / zone / "type").write_text(kind + "\n")
+        (root / zone / "temp").write_text(temp)
+    return root
+
+
+def open_log(state: Path, device_id: str, count: int) -> tuple[DecisionLog, list[str]]:
+    dlog = DecisionLog(state, DecisionLogConfig(thumbnails="none"), device_id=device_id)
+    dlog.open()
+    now = time.time()
+    ids = [dlog.append(make_record(i, now - 10 + i * 0.01)) for i in range(count)]
+    assert dlog.flush()
+    return dlog, ids
+
+
+def test_uplink_reports_state_heartbeats_health_an_event_and_uploads_decisions(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    identity = enrolled("dev-a")
+    peer = fleet()
+    peer.subscribe(f"{topics.PREFIX}/devices/dev-a/#")
+    dlog, ids = open_log(tmp_path / "log", "dev-a", 5)
+    app_health = {
+        "fps": {"cam-0": 12.5},
+        "latency_ms": {"defects": {"p50": 4.0, "p95": 6.0, "p99": 9.5, "count": 100}},
+        "queue_depth": {"cam-0": 1},
+        "drops": {"deadline": 2},
+    }
+    active = {"name": "defects", "version": "1.2.0", "release": 7}
+    uplink = Uplink(
+        "dev-a",
+        identity,
+        FAST,
+        state=lambda: {"agent_version": "0.9.1", "active": active},
+        health=lambda: app_health,
+        decision_log=dlog,
+        sysinfo=SysInfo(tmp_path, thermal_root=thermal_tree(tmp_path / "thermal")),
+    )
+    uplinks.append(uplink)
+    uplink.start()
+    assert uplink.wait_connected(WAIT_S)
+    event_id = uplink.event("install", {"bundle": "defects", "outcome": "committed"})
+
+    def complete(got: list[tuple[str, bytes]]) -> bool:
+        return (
+            len(on(topics.heartbeat("dev-a"))(got)) >= 3
+            and all(on(t("dev-a"))(got) for t in (topics.state, topics.telemetry, topics.events,
+                                                   topics.decisions))
+        )  # fmt: skip
+
+    got = collect(peer, complete)
+    state = parse(ReportedState, on(topics.state("dev-a"))(got)[0])
+    assert state.online
+    assert state.ts is not None
+    assert state.agent_version == "0.9.1"
+    assert state.active is not None
+    assert state.active.release == 7
+    assert state.labels == {"line": "3"}  # from enrollment
+    assert state.profile == "jetson-orin"
+    beats = [parse(Heartbeat, p) for p in on(topics.heartbeat("dev-a"))(got)]
+    assert [b.seq for b in beats] == list(range(len(beats)))
+    health = parse_telemetry(on(topics.telemetry("dev-a"))(got)[0])
+    assert health.kind == "health"
+    assert health.fps == {"cam-0": 12.5}
+    assert health.latency_ms["defects"].p99 == 9.5
+    assert health.queue_depth == {"cam-0": 1}
+    assert health.drops == {"deadline": 2}
+    assert health.memory_mb is not None
+    assert health.memory_mb > 1
+    assert health.disk_free_mb is not None
+    assert health.disk_used_mb is not None
+    assert health.temperature_c == {"cpu-thermal": 45.5, "cpu-thermal-thermal_zone2": -2.0}
+    event = parse(Event, on(topics.events("dev-a"))(got)[0])
+    assert (event.event_id, event.kind, event.payload["outcome"]) == (
+        event_id, "install", "committed",
+    )  # fmt: skip
+    upload = parse(DecisionUpload, on(topics.decisions("dev-a"))(got)[0])
+    assert [r.id for r in upload.rows] == ids
+    assert upload.rows[0].outputs == {"label": "ok", "score": 0.25, "n": 0}
+
+    wait_until(lambda: pending_rows(dlog.path, 100) == [])
+    stats = uplink.stats()
+    assert stats["decisions_uploaded"] == 5
+    assert stats["refused"] == {}
+    assert stats["acked"]["decisions"] == 1
+    assert stats["acked"]["event"] == 1
+    dlog.close()
+
+
+def test_decision_upload_the_acl_refuses_is_counted_failed_and_never_marked_uploaded(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    identity = enrolled("dev-n")  # the certificate says dev-n; the uplink claims dev-x
+    peer = fleet()
+    peer.subscribe(f"{topics.PREFIX}/devices/dev-x/#")
+    dlog, ids = open_log(tmp_path / "log", "dev-x", 3)
+    uplink = Uplink("dev-x", identity, FAST, state=dict, health=dict, decision_log=dlog)
+    uplinks.append(uplink)
+    uplink.start()
+    assert uplink.wait_connected(WAIT_S)
+    wait_until(lambda: uplink.stats().get("decision_failures", 0) >= 2)
+
+    stats = uplink.stats()
+    assert stats["refused"]["decisions"] >= 2
+    assert stats.get("decisions_uploaded", 0) == 0
+    assert sorted(r["id"] for r in pending_rows(dlog.path, 100)) == sorted(ids)
+    assert dlog.stats()["marked_uploaded"] == 0
+    assert peer.flush() == []  # nothing reached the fleet as dev-x
+    dlog.close()
+
+
+def _retained_state(peer: Peer, device_id: str) -> ReportedState:
+    peer.subscribe(topics.state(device_id))
+    got = collect(peer, lambda g: bool(on(topics.state(device_id))(g)))
+    return parse(ReportedState, on(topics.state(device_id))(got)[-1])
+
+
+def test_killed_agent_leaves_its_retained_offline_will(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer]
+) -> None:
+    identity = enrolled("dev-k")
+    peer = fleet()
+    peer.subscribe(topics.state("dev-k"))
+    proc = subprocess.Popen(
+        [sys.executable, str(DRIVER), str(identity.directory.parent), "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "connected"
+        got = collect(peer, lambda g: bool(on(topics.state("dev-k"))(g)))
+        assert parse(ReportedState, got[-1][1]).online
+        proc.kill()
+        assert proc.wait(WAIT_S) == -9
+        got = collect(peer, lambda g: bool(on(topics.state("dev-k"))(g)))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT_S)
+    will = parse(ReportedState, got[-1][1])
+    assert (will.online, will.ts) == (False, None)
+    assert _retained_state(fleet(), "dev-k").online is False
+
+
+def test_stop_disconnects_with_the_will_so_the_fleet_sees_the_device_offline(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer]
+) -> None:
+    identity = enrolled("dev-s")
+    uplink = Uplink("dev-s", identity, FAST, state=dict, health=dict)
+    uplink.start()
+    try:
+        assert uplink.wait_connected(WAIT_S)
+        assert _retained_state(fleet(), "dev-s").online
+    finally:
+        uplink.stop()
+    assert not uplink.connected
+    assert _retained_state(fleet(), "dev-s").online is False
+    with pytest.raises(UplinkError, match="not running"):
+        uplink.event("alarm", {})
+
+
+def test_uplink_reconnects_after_a_broker_restart_and_reports_online_again(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
+    pki: Pki, tmp_path: Path,
+) -> None:  # fmt: skip
+    identity = enrolled("dev-r")
+    with ManagedBroker(_broker_config(pki, tmp_path / "own-broker")) as own:
+        config = FAST.model_copy(update={"broker_port": own.config.port})
+        uplink = Uplink("dev-r", identity, config, state=dict, health=dict)
+        uplinks.append(uplink)
+        uplink.start()
+        assert uplink.wait_connected(WAIT_S)
+        first = _retained_state(fleet(own.config.port), "dev-r")
+        own.restart()
+        wait_until(lambda: uplink.stats().get("connects", 0) >= 2, timeout_s=20)
+        wait_until(lambda: uplink.stats()["acked"].get("state", 0) >= 2)
+        again = _retained_state(fleet(own.config.port), "dev-r")
+        uplink.stop()
+    assert again.online
+    assert again.ts is not None
+    assert first.ts is not None
+    assert again.ts > first.ts
+    assert uplink.stats()["disconnects"] >= 1
+
+
+def test_a_row_that_cannot_be_sent_is_set_aside_and_the_others_are_uploaded(
+    enrolled: Callable[[str], Identity], uplinks: list[Uplink], tmp_path: Path
+) -> None:
+    identity = enrolled("dev-v")
+    dlog, ids = open_log(tmp_path / "log", "dev-v", 4)
+    conn = sqlite3.connect(dlog.path)
+    conn.execute("UPDATE decisions SET outputs = 'not json', uploaded = 0 WHERE id = ?", (ids[1],))
+    conn.commit()
+    conn.close()
+    uplink = Uplink("dev-v", identity, FAST, state=dict, health=dict, decision_log=dlog)
+    uplinks.append(uplink)
+    uplink.start()
+    wait_until(lambda: uplink.stats().get("decisions_uploaded", 0) == 3)
+    assert uplink.stats()["decisions_invalid"] == 1
+    assert [r["id"] for r in pending_rows(dlog.path, 100)] == [ids[1]]
+    dlog.close()
+
+
+def test_event_with_a_bad_kind_is_refused_before_sending(
+    enrolled: Callable[[str], Identity],
+) -> None:
+    identity = enrolled("dev-e")
+    uplink = Uplink("dev-e", identity, FAST, state=dict, health=dict)
+    with pytest.raises(UplinkError, match="not running"):
+        uplink.event("install", {})
+    uplink.start()
+    try:
+        with pytest.raises(MessageError, match="event kind"):
+            uplink.event("Not A Kind", {})
+    finally:
+        uplink.stop()
+
+
+# --- pure parts ----------------------------------------------------------------------
+
+
+def test_an_answer_that_arrives_before_the_publisher_tracks_it_is_matched() -> None:
+    acks = AckTracker(bound=8)
+    acks.on_ack(5, ReasonCode(PacketTypes.PUBACK, "Not authorized"))
+    early = acks.track(5, "decisions")
+    assert early.done.is_set()
+    assert not early.ok
+    late = acks.track(6, "event")
+    assert not late.done.is_set()
+    acks.on_ack(6, ReasonCode(PacketTypes.PUBACK, "Success"))
+    assert late.ok
+    assert (acks.refused["decisions"], acks.acked["event"], acks.outstanding()) == (1, 1, 0)
+    forgotten = acks.track(7, "decisions")
+    acks.forget(forgotten)
+    assert acks.abandoned["decisions"] == 1
+
+
+def test_an_upload_over_the_size_cap_is_cut_to_the_rows_that_fit(tmp_path: Path) -> None:
+    dlog, _ = open_log(tmp_path, "dev-b", 0)
+    for i in range(8):
+        dlog.append(make_record(i, time.time(), outputs={"blob": "x" * 2000, "n": i}))
+    assert dlog.flush()
+    rows, bad = to_wire(pending_rows(dlog.path, 100), "dev-b")
+    dlog.close()
+    assert bad == {}
+    batch, unsendable = make_batch("dev-b", rows, max_bytes=9000)
+    assert batch is not None
+    assert unsendable == {}
+    assert batch.ids == tuple(r.id for r in rows[:2])
+    assert len(batch.payload) <= 9000
+    alone, too_big = make_batch("dev-b", rows[:1], max_bytes=500)
+    assert alone is None
+    assert rows[0].id in too_big
+    foreign, why = to_wire(pending_rows(dlog.path, 1), "dev-c")
+    assert foreign == []
+    assert "dev-b" in next(iter(why.values()))
+
+
+def test_sysinfo_reads_temperatures_memory_cpu_and_disk(tmp_path: Path) -> None:
+    assert temperatures(thermal_tree(tmp_path / "thermal")) == {
+        "cpu-thermal": 45.5, "cpu-thermal-thermal_zone2": -2.0,
+    }  # fmt: skip
+    assert temperatures(tmp_path / "no-such-dir") == {}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        proc = Path("/proc") / str(child.pid)
+        wait_until(lambda: (rss_kb(proc / "status") or 0) > 0)
+        assert process_cpu_s(proc / "stat") is not None
+        info = SysInfo(tmp_path, pids=lambda: [child.pid], thermal_root=tmp_path / "none")
+        own = rss_kb(Path("/proc/self/status")) or 0
+        total = info.memory_mb()
+        assert total is not None
+        assert total * 1024 > own  # the worker's memory is added to the agent's
+        end = time.monotonic() + 0.3
+        spins = 0
+        while time.monotonic() < end:  # use some CPU: bounded by time
+            spins += sum(range(1000))
+        sample: dict[str, Any] = info.sample()
+    finally:
+        child.kill()
+        child.wait(WAIT_S)
+    assert sample["cpu_percent"] > 0
+    assert 0 <= sample["system_cpu_percent"] <= 100
+    assert sample["disk_free_mb"] > 0
+    assert sample["temperature_c"] == {}
+    assert rss_kb(tmp_path / "missing") is None
