@@ -21,6 +21,7 @@ from agent.bundle import Bundle, init_bundle
 from agent.errors import AgentError
 from agent.wire.manifest import MANIFEST_NAME, ClassificationPost, ScorePost
 from agent.wire.postprocess import POSTPROCESS_KINDS
+from fleet_server.cli_fleet import add_fleet_commands
 from fleet_server.cli_repo import (
     add_bundle_repo_actions,
     add_directive,
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_repo(commands)
     _add_bundle(commands)
     add_directive(commands)
+    add_fleet_commands(commands)
     return parser
 
 

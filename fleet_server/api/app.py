@@ -1,0 +1,147 @@
+"""The fleet server's HTTP API: an app factory over a :class:`ServerContext`.
+
+Endpoints (OpenAPI at ``/openapi.json``, browsable at ``/docs``): ``GET /healthz``,
+``POST /api/v1/enroll`` (the device's one-time token is its credential), and the operator
+endpoints under ``/api/v1`` (devices, telemetry, tokens, revocation, bundles, rollouts).
+With an operator token configured, operator endpoints need
+``Authorization: Bearer <token>`` (401 otherwise). Every error answers
+``{"detail": "<one line>"}``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated
+
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from agent.errors import AgentError
+from fleet_server.api.context import ServerContext
+from fleet_server.api.devices import devices_router
+from fleet_server.api.enroll import enroll_router
+from fleet_server.api.models import HealthOut, error_responses
+from fleet_server.api.ports import ActionRefused
+from fleet_server.api.rollouts import rollouts_router
+from fleet_server.broker import BrokerError
+from fleet_server.ca import CAError, NameRefused
+from fleet_server.db import RolloutConflict, StorageError, TokenRejected
+from fleet_server.errors import FleetError, KeystoreError, RepoError
+from fleet_server.rollout import RolloutError
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "1"
+bearer = HTTPBearer(auto_error=False, description="The operator API token.")
+
+
+def error_status(exc: Exception) -> int:
+    """The HTTP status of a library error."""
+    table: tuple[tuple[type[Exception], int], ...] = (
+        (TokenRejected, 403),
+        (RolloutConflict, 409),
+        (ActionRefused, 409),
+        (RolloutError, 400),
+        (StorageError, 503),
+        (RepoError, 503),
+        (KeystoreError, 503),
+        (NameRefused, 400),
+        (CAError, 503),
+        (BrokerError, 503),
+        (AgentError, 400),
+    )
+    for kind, status in table:
+        if isinstance(exc, kind):
+            return status
+    return 500
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for err in list(exc.errors())[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return _one_line("; ".join(parts) or "malformed request")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_library_error(request: Request, exc: Exception) -> JSONResponse:
+        status = error_status(exc)
+        detail = _one_line(str(exc))
+        if status >= 500:
+            log.error("%s %s: %s", request.method, request.url.path, detail)
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)  # noqa: S101 (registered for it)
+        return JSONResponse({"detail": _validation_detail(exc)}, status_code=400)
+
+    app.add_exception_handler(FleetError, on_library_error)
+    app.add_exception_handler(AgentError, on_library_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+
+
+def create_app(ctx: ServerContext) -> FastAPI:
+    """The API app serving ``ctx``; it reads ``ctx.rollouts`` at each request."""
+    app = FastAPI(
+        title="edgefleet fleet server",
+        version=API_VERSION,
+        description="Enrollment, device registry, telemetry, bundles and staged rollouts.",
+        responses=error_responses(e400="Malformed request"),
+    )
+    _install_error_handlers(app)
+
+    def require_operator(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        expected = ctx.operator_token
+        if expected is None:
+            return
+        given = creds.credentials if creds is not None else ""
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise HTTPException(
+                401,
+                "missing or wrong operator token (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    operator = [Depends(require_operator)]
+    unauthorized = error_responses(e401="No or wrong operator token")
+
+    @app.get(
+        "/healthz",
+        tags=["server"],
+        responses={503: {"model": HealthOut, "description": "A part is down"}},
+    )
+    def healthz(response: Response) -> HealthOut:
+        """Whether the database answers and the managed broker runs (503 if not)."""
+        try:
+            with ctx.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            database = True
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("health check: database: %s", exc)
+            database = False
+        broker = ctx.managed_broker is None or ctx.managed_broker.running
+        ok = database and broker
+        if not ok:
+            response.status_code = 503
+        return HealthOut(
+            status="ok" if ok else "degraded",
+            database=database,
+            broker=broker,
+            rollouts=ctx.rollouts is not None,
+        )
+
+    app.include_router(enroll_router(ctx))
+    app.include_router(devices_router(ctx), dependencies=operator, responses=unauthorized)
+    app.include_router(rollouts_router(ctx), dependencies=operator, responses=unauthorized)
+    return app

@@ -1,0 +1,70 @@
+"""What the HTTP API needs from the rollout service (implemented in
+:mod:`fleet_server.rollout.service`), and the errors that pick its HTTP status.
+
+The API checks that a rollout exists (404) before it calls :meth:`RolloutOps.get` or
+:meth:`RolloutOps.act`. Errors from the service map to statuses: :class:`ActionRefused`
+and :class:`~fleet_server.db.RolloutConflict` → 409, any other
+:class:`~fleet_server.rollout.RolloutError` → 400,
+:class:`~fleet_server.db.StorageError` → 503.
+
+A rollout is answered as a JSON object; :class:`fleet_server.api.models.RolloutOut` names
+the keys the API documents and ``fleetctl rollouts status`` reads (``rollout_id``,
+``bundle``, ``version``, ``release``, ``phase``, ``wave``, ``waves``, ``reason``,
+``selector``, ``counts``, ``devices``, ``created_at``, ``updated_at``); other keys are passed
+through. :func:`fleet_server.api.views.rollout_view` builds that object from a stored
+rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from fleet_server.rollout.errors import RolloutError
+
+Action = Literal["pause", "resume", "approve", "cancel", "rollback"]
+ACTIONS: tuple[Action, ...] = ("pause", "resume", "approve", "cancel", "rollback")
+
+
+class ActionRefused(RolloutError):
+    """An operator action does not apply in the rollout's phase (HTTP 409).
+
+    Attributes:
+        rollout_id: the rollout.
+        action: what was asked.
+    """
+
+    def __init__(self, rollout_id: str, action: str, reason: str) -> None:
+        self.rollout_id = rollout_id
+        self.action = action
+        super().__init__("action", f"rollout '{rollout_id}': {reason}")
+
+
+class RolloutOps(Protocol):
+    """Create, read and act on rollouts; every method is called from a worker thread."""
+
+    def create(self, spec: Mapping[str, Any]) -> str:
+        """Plan and store a rollout from a spec (as :func:`fleet_server.rollout.parse_spec`
+        accepts it); return its id.
+
+        Raises:
+            RolloutError: invalid spec, unknown bundle release, no device selected.
+        """
+        ...
+
+    def get(self, rollout_id: str) -> dict[str, Any]:
+        """The rollout as a JSON object (see the module docstring)."""
+        ...
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every rollout, oldest first (without per-device detail if that is costly)."""
+        ...
+
+    def act(self, rollout_id: str, action: Action, reason: str) -> dict[str, Any]:
+        """Apply an operator action; return the rollout after it.
+
+        Raises:
+            ActionRefused: the action does not apply in the rollout's phase.
+            RolloutConflict: the rollout changed while the action was applied (retry).
+        """
+        ...

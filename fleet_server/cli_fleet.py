@@ -1,0 +1,393 @@
+"""``fleetctl devices|telemetry|rollouts``: the fleet server's operator API over HTTP.
+
+The server is ``--server`` (default ``$EDGEFLEET_SERVER``, else http://127.0.0.1:8080);
+the operator token is ``EDGEFLEET_API_TOKEN`` (a file in ``$CREDENTIALS_DIRECTORY`` first,
+then the environment), never an argument. Errors are :class:`ApiError` (a
+:class:`FleetError`): fleetctl prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from agent.secrets import read_secret
+from fleet_server.errors import FleetError
+from fleet_server.rollout.spec import parse_duration, parse_selector
+
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+SERVER_ENV = "EDGEFLEET_SERVER"
+TOKEN_NAME = "EDGEFLEET_API_TOKEN"  # noqa: S105 (the name of a secret, not one)
+TIMEOUT_S = 30.0
+MAX_RESPONSE = 16 * 1024 * 1024
+ACTIONS = ("pause", "resume", "approve", "cancel", "rollback")
+
+
+class ApiError(FleetError):
+    """The fleet server can't be reached or refused a request.
+
+    Attributes:
+        status: the HTTP status (0 when there was no answer).
+        detail: the server's reason, or what failed.
+    """
+
+    def __init__(self, status: int, detail: str) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(f"fleet server: {status} {detail}" if status else detail)
+
+
+class ApiClient:
+    """JSON over HTTP(S) to the fleet server's ``/api/v1``; every call has a timeout."""
+
+    def __init__(self, server: str, token: str | None, timeout_s: float = TIMEOUT_S) -> None:
+        parsed = urllib.parse.urlsplit(server)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ApiError(0, f"--server {server!r} is not an http:// or https:// URL")
+        self.base = server.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def call(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
+    ) -> Any:
+        """The decoded JSON answer of ``method /api/v1<path>``.
+
+        Raises:
+            ApiError: no answer, an error status (with the server's detail), or not JSON.
+        """
+        url = f"{self.base}/api/v1{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                raw = resp.read(MAX_RESPONSE + 1)
+        except urllib.error.HTTPError as exc:
+            raise ApiError(exc.code, _detail(exc)) from None
+        except urllib.error.URLError as exc:
+            raise ApiError(0, f"cannot reach {self.base}: {exc.reason}") from None
+        except TimeoutError:
+            raise ApiError(0, f"{self.base}: no answer within {self.timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ApiError(0, f"{self.base}: {type(exc).__name__}: {exc}") from None
+        if len(raw) > MAX_RESPONSE:
+            raise ApiError(0, f"{url}: answer over {MAX_RESPONSE} bytes")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(0, f"{url}: the answer is not JSON") from None
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        detail = json.loads(exc.read(64 * 1024)).get("detail")
+    except (ValueError, AttributeError, OSError):
+        detail = None
+    return str(detail) if detail else str(exc.reason)
+
+
+def client(args: argparse.Namespace) -> ApiClient:
+    """The client for ``--server`` and the operator token."""
+    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    return ApiClient(server, read_secret(TOKEN_NAME))
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    age = max(0.0, time.time() - ts)
+    for limit, unit, size in ((120, "s", 1), (7200, "m", 60), (172_800, "h", 3600)):
+        if age < limit:
+            ago = f"{age / size:.0f}{unit}"
+            break
+    else:
+        ago = f"{age / 86_400:.0f}d"
+    stamp = datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{stamp} ({ago} ago)"
+
+
+def _bundle(name: str | None, release: int | None) -> str:
+    return "-" if name is None else f"{name}@{release}"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
+    print(json.dumps(data, indent=2) if args.json else "\n".join(lines))
+    return 0
+
+
+def _selector(text: str) -> dict[str, str]:
+    try:
+        return parse_selector(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> int:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- devices ------------------------------------------------------------------------
+
+
+def cmd_devices_enroll(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"labels": args.labels or {}, "profile": args.profile}
+    if args.ttl:
+        body["ttl_s"] = args.ttl
+    t = client(args).call("POST", f"/devices/{_q(args.device)}/tokens", body)
+    lines = [
+        f"token    {t['token']}",
+        f"device   {t['device_id']}",
+        f"labels   {_labels(t['labels'])}",
+        f"profile  {t['profile'] or '-'}",
+        f"expires  {datetime.fromtimestamp(t['expires_at'], timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+        "shown once: the server keeps only its hash. On the device: edge-agent enroll",
+    ]
+    return _emit(args, t, lines)
+
+
+def _device_lines(d: dict[str, Any]) -> list[str]:
+    health = d.get("health") or {}
+    lines = [
+        f"device    {d['device_id']}{'  REVOKED' if d.get('revoked') else ''}",
+        f"online    {'yes' if d['online'] else 'no'}",
+        f"seen      {_when(d['last_seen'])}",
+        f"agent     {d['agent_version'] or '-'}",
+        f"profile   {d['profile'] or '-'}",
+        f"labels    {_labels(d['labels'])}",
+        f"active    {_bundle(d['active_bundle'], d['active_release'])}",
+        f"previous  {_bundle(d['previous_bundle'], d['previous_release'])}",
+        f"enrolled  {_when(d['enrolled_at'])}  certificate {d['cert_serial'] or '-'}",
+    ]
+    if health:
+        lines.append("health    " + json.dumps(health, sort_keys=True))
+    return lines
+
+
+def cmd_devices_list(args: argparse.Namespace) -> int:
+    query = {"selector": _labels(args.select)} if args.select else None
+    devices = client(args).call("GET", "/devices", query=query)
+    lines = [f"{'DEVICE':<24} {'ONLINE':<6} {'LAST SEEN':<34} {'AGENT':<10} {'BUNDLE':<24} LABELS"]
+    lines += [
+        f"{d['device_id']:<24} {'yes' if d['online'] else 'no':<6} {_when(d['last_seen']):<34} "
+        f"{d['agent_version'] or '-':<10} {_bundle(d['active_bundle'], d['active_release']):<24} "
+        f"{_labels(d['labels'])}{' (revoked)' if d.get('revoked') else ''}"
+        for d in devices
+    ]
+    lines.append(f"{len(devices)} device(s)")
+    return _emit(args, devices, lines)
+
+
+def cmd_devices_show(args: argparse.Namespace) -> int:
+    d = client(args).call("GET", f"/devices/{_q(args.device)}")
+    return _emit(args, d, _device_lines(d))
+
+
+def cmd_devices_revoke(args: argparse.Namespace) -> int:
+    r = client(args).call("POST", f"/devices/{_q(args.device)}/revoke")
+    serials = ", ".join(r["revoked_serials"]) or "none newly"
+    reload = "broker reloaded its CRL" if r["broker_reloaded"] else "no managed broker reloaded"
+    return _emit(args, r, [f"revoked {r['device_id']}: certificate(s) {serials}; {reload}"])
+
+
+def cmd_telemetry(args: argparse.Namespace) -> int:
+    t = client(args).call(
+        "GET", f"/devices/{_q(args.device)}/telemetry", query={"limit": str(args.limit)}
+    )
+    lines = [
+        f"device    {t['device_id']}  online {'yes' if t['online'] else 'no'}  "
+        f"seen {_when(t['last_seen'])}  agent {t['agent_version'] or '-'}",
+        "health    " + (json.dumps(t["health"], sort_keys=True) if t["health"] else "-"),
+        f"heartbeats ({len(t['heartbeats'])}, newest first):",
+        *(f"  {_when(h['ts'])}  {h['record_id']}" for h in t["heartbeats"]),
+        f"samples ({len(t['samples'])}, newest first):",
+        *(f"  {_when(s['ts'])}  {json.dumps(s['payload'], sort_keys=True)}" for s in t["samples"]),
+    ]
+    return _emit(args, t, lines)
+
+
+# -- rollouts -----------------------------------------------------------------------
+
+
+def cmd_rollouts_create(args: argparse.Namespace) -> int:
+    spec: dict[str, Any] = {
+        "bundle": args.bundle,
+        "selector": args.select,
+        "waves": args.waves,
+        "soak_s": args.soak,
+    }
+    policy: dict[str, Any] = {}
+    if args.policy:
+        try:
+            policy = json.loads(Path(args.policy).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ApiError(0, f"--policy {args.policy}: {exc}") from None
+    if args.approval:
+        policy["approval_between_waves"] = True
+    if policy:
+        spec["policy"] = policy
+    r = client(args).call("POST", "/rollouts", spec)
+    return _emit(args, r, [f"created rollout {r['rollout_id']}", *_rollout_lines(r)])
+
+
+def _done(r: dict[str, Any]) -> str:
+    counts = r.get("counts") or {}
+    total = r.get("total", sum(counts.values()))
+    return f"{counts.get('done', 0)}/{total}"
+
+
+def _rollout_lines(r: dict[str, Any]) -> list[str]:
+    counts = r.get("counts") or {}
+    lines = [
+        f"rollout   {r['rollout_id']}  {r['bundle']}@{r['version']} (release {r.get('release')})",
+        f"phase     {r['phase']}  wave {r.get('wave', 0)}/{r.get('waves', 0)}"
+        + (f"  ({r['reason']})" if r.get("reason") else ""),
+        f"selector  {_labels(r.get('selector') or {}) if r.get('selector') else '*'}",
+        f"devices   {_done(r)} done; "
+        + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"),
+    ]
+    devices = r.get("devices") or []
+    if devices:
+        lines.append(f"  {'DEVICE':<24} {'WAVE':<5} STATUS")
+        lines += [
+            f"  {d['device_id']:<24} {d.get('wave') or '-'!s:<5} {d['status']}" for d in devices
+        ]
+    return lines
+
+
+def cmd_rollouts_status(args: argparse.Namespace) -> int:
+    api = client(args)
+    if args.rollout:
+        r = api.call("GET", f"/rollouts/{_q(args.rollout)}")
+        return _emit(args, r, _rollout_lines(r))
+    rollouts = api.call("GET", "/rollouts")
+    lines = [f"{'ROLLOUT':<28} {'BUNDLE':<28} {'PHASE':<18} {'WAVE':<6} DONE"]
+    lines += [
+        f"{r['rollout_id']:<28} {r['bundle'] + '@' + r['version']:<28} {r['phase']:<18} "
+        f"{r.get('wave', 0)}/{r.get('waves', 0):<4} {_done(r)}"
+        for r in rollouts
+    ]
+    lines.append(f"{len(rollouts)} rollout(s)")
+    return _emit(args, rollouts, lines)
+
+
+def cmd_rollouts_act(args: argparse.Namespace) -> int:
+    path = f"/rollouts/{_q(args.rollout)}/{args.action}"
+    r = client(args).call("POST", path, {"reason": args.reason})
+    return _emit(args, r, [f"{args.action}: rollout {r['rollout_id']} is {r['phase']}"])
+
+
+def _q(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+# -- parsers ------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--server",
+        metavar="URL",
+        help=f"fleet server API (default ${SERVER_ENV}, else {DEFAULT_SERVER})",
+    )
+    common.add_argument("--json", action="store_true", help="print the result as JSON")
+    return common
+
+
+def _group(commands: Any, name: str, help_text: str, example: str) -> Any:
+    group = commands.add_parser(
+        name,
+        help=help_text,
+        description=f"{help_text[0].upper()}{help_text[1:]}; operator token from "
+        f"${TOKEN_NAME} or $CREDENTIALS_DIRECTORY/{TOKEN_NAME}.",
+        epilog=example,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return group.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+
+def add_fleet_commands(commands: Any) -> None:
+    """Add ``devices``, ``telemetry`` and ``rollouts`` to fleetctl's sub-parsers."""
+    common = _common()
+    devices = _group(
+        commands,
+        "devices",
+        "devices of the fleet: enroll, list, show, revoke",
+        "examples:\n  fleetctl devices enroll cam-07 --labels line=3 --profile x86-gateway\n"
+        "  fleetctl devices list --select line=3",
+    )
+    enroll = devices.add_parser("enroll", parents=[common], help="issue a one-time token")
+    enroll.add_argument("device", help="device id (the CN of its certificate)")
+    enroll.add_argument("--labels", type=_selector, metavar="K=V,...", help="e.g. line=3,cell=a")
+    enroll.add_argument("--profile", default="", help="hardware profile, e.g. jetson-orin")
+    enroll.add_argument("--ttl", type=_seconds, help="token lifetime, e.g. 24h (default server's)")
+    enroll.set_defaults(func=cmd_devices_enroll)
+    listing = devices.add_parser("list", parents=[common], help="list devices")
+    listing.add_argument("--select", type=_selector, metavar="K=V,...", help="e.g. line=3")
+    listing.set_defaults(func=cmd_devices_list)
+    for name, func, text in (
+        ("show", cmd_devices_show, "one device's state, bundles and health"),
+        ("revoke", cmd_devices_revoke, "revoke the device's certificates"),
+    ):
+        p = devices.add_parser(name, parents=[common], help=text)
+        p.add_argument("device", help="device id")
+        p.set_defaults(func=func)
+
+    tele = commands.add_parser(
+        "telemetry",
+        parents=[common],
+        help="a device's latest health and recent heartbeats",
+        epilog="example: fleetctl telemetry cam-07 --limit 5",
+    )
+    tele.add_argument("device", help="device id")
+    tele.add_argument("--limit", type=int, default=10, help="records of each kind (default 10)")
+    tele.set_defaults(func=cmd_telemetry)
+
+    rollouts = _group(
+        commands,
+        "rollouts",
+        "staged rollouts: create, status, pause, resume, approve, cancel, rollback",
+        "examples:\n  fleetctl rollouts create --bundle detector@1.4.0 "
+        "--select 'line=3,profile=jetson-orin' --waves 1,10%,50%,100% --soak 10m\n"
+        "  fleetctl rollouts status\n  fleetctl rollouts pause ID --reason 'line stop'",
+    )
+    create = rollouts.add_parser("create", parents=[common], help="start a rollout")
+    create.add_argument("--bundle", required=True, metavar="NAME@VERSION")
+    create.add_argument("--select", required=True, metavar="K=V,...", help="or '*' for all")
+    create.add_argument("--waves", default="1,10%,50%,100%", help="default 1,10%%,50%%,100%%")
+    create.add_argument("--soak", default="10m", help="watch each wave this long (default 10m)")
+    create.add_argument("--approval", action="store_true", help="wait for approve between waves")
+    create.add_argument("--policy", metavar="FILE", help="JSON rollout policy (docs/rollouts.md)")
+    create.set_defaults(func=cmd_rollouts_create)
+    status = rollouts.add_parser("status", parents=[common], help="all rollouts, or one")
+    status.add_argument("rollout", nargs="?", help="rollout id")
+    status.set_defaults(func=cmd_rollouts_status)
+    for action in ACTIONS:
+        p = rollouts.add_parser(action, parents=[common], help=f"{action} a rollout")
+        p.add_argument("rollout", help="rollout id")
+        p.add_argument("--reason", default="", help="why (kept in the rollout's history)")
+        p.set_defaults(func=cmd_rollouts_act, action=action)

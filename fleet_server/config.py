@@ -1,0 +1,373 @@
+"""The fleet server's configuration file (TOML): typed, strict, errors naming file and field.
+
+Relative paths are taken from the config file's directory. Paths left out default to a
+layout under ``[server] state_dir``: ``fleet.db``, ``ca/``, ``broker/``, ``identity/``,
+``repository/`` and ``keystore/``. Secrets (the operator API token, key passphrases) are
+named here, never given: they come from the environment or ``$CREDENTIALS_DIRECTORY``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from agent.configbase import Section
+from agent.errors import ConfigError
+from fleet_server.broker import MosquittoConfig
+from fleet_server.db import sqlite_url
+from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+DEFAULT_CONFIG = "/etc/edgefleet/fleet.toml"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_BROKER_PATHS = ("state_dir", "cafile", "crlfile", "certfile", "keyfile")
+"""MosquittoConfig paths that default to the fleet's state directory layout."""
+
+
+class ServerSection(Section):
+    """Where the fleet server keeps its state."""
+
+    state_dir: Path = Field(
+        Path("/var/lib/edgefleet"),
+        description="State directory (database, CA, broker files, repository); a relative "
+        "path is taken from the config file's directory.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the fleet-server process."
+    )
+    passphrase_name: str = Field(
+        DEFAULT_PASSPHRASE_NAME,
+        description="Name of the passphrase variables / credentials of the CA and "
+        "repository keys (NAME_<ROLE>, then NAME).",
+    )
+
+    @field_validator("passphrase_name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not a variable name")
+        return value
+
+
+class HttpSection(Section):
+    """The HTTP API's listener and its operator authentication."""
+
+    host: str = Field("127.0.0.1", description="Address the API binds to.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    operator_token_env: str | None = Field(
+        None,
+        description="Name of the environment variable (or $CREDENTIALS_DIRECTORY file) "
+        "holding the operator API token; when set, every endpoint but enrollment and "
+        "/healthz needs 'Authorization: Bearer <token>'. Required on a non-loopback host.",
+    )
+    max_concurrency: int = Field(
+        100, ge=1, le=10_000, description="Requests served at once; more are answered 503."
+    )
+    shutdown_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="How long stopping waits for requests in flight."
+    )
+
+    @field_validator("operator_token_env")
+    @classmethod
+    def _env(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not a variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> HttpSection:
+        if self.operator_token_env is None and not _is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is not loopback: set operator_token_env so that "
+                "operator endpoints need a token"
+            )
+        return self
+
+
+class DatabaseSection(Section):
+    """The fleet database."""
+
+    url: str | None = Field(
+        None,
+        description="SQLAlchemy URL (postgresql+psycopg://HOST/DB or sqlite:///PATH); "
+        "default: an SQLite file fleet.db in state_dir.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            backend = make_url(value).get_backend_name()
+        except ArgumentError:
+            raise ValueError(
+                "not a database URL (sqlite:///PATH or postgresql+psycopg://...)"
+            ) from None
+        if backend not in ("sqlite", "postgresql"):
+            raise ValueError(f"database {backend!r} is not supported (sqlite or postgresql)")
+        return value
+
+
+class ExternalBroker(Section):
+    """An MQTT 5 broker run by someone else; it must trust the fleet CA's client certs."""
+
+    host: str = Field(description="Host name or address of its TLS listener.")
+    port: int = Field(8883, ge=1, le=65535, description="TLS port.")
+    ca: Path = Field(description="CA certificate (PEM) that verifies the broker.")
+    cert: Path = Field(description="The fleet server's client certificate (PEM).")
+    key: Path = Field(description="Its private key (PEM, unencrypted, mode 0600).")
+
+
+class BrokerSection(Section):
+    """The fleet's MQTT broker: a managed Mosquitto, or an external broker."""
+
+    managed: bool = Field(
+        True, description="Run Mosquitto as a child process (else use [broker.external])."
+    )
+    mosquitto: MosquittoConfig = Field(
+        default_factory=MosquittoConfig,
+        description="The managed Mosquitto; state_dir, cafile, crlfile, certfile and "
+        "keyfile default to the fleet's state directory layout.",
+    )
+    external: ExternalBroker | None = Field(None, description="The external broker.")
+    advertise_host: str | None = Field(
+        None,
+        description="Host name or address devices are told to connect to at enrollment "
+        "(default: the listener's host).",
+    )
+    advertise_port: int | None = Field(
+        None, ge=1, le=65535, description="Port devices are told (default: the listener's)."
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> BrokerSection:
+        if self.managed and self.external is not None:
+            raise ValueError("[broker.external] is given but managed = true")
+        if not self.managed and self.external is None:
+            raise ValueError("managed = false needs [broker.external] (host, ca, cert, key)")
+        host = self.listen_host()
+        if self.advertise_host is None and _unspecified(host):
+            raise ValueError(f"the listener binds {host}: set advertise_host for devices")
+        return self
+
+    def listen_host(self) -> str:
+        """Where the broker listens (what the fleet server's own clients connect to)."""
+        return self.external.host if self.external is not None else self.mosquitto.host
+
+    def listen_port(self) -> int:
+        """The broker's TLS port."""
+        return self.external.port if self.external is not None else self.mosquitto.port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+class RepositorySection(Section):
+    """The bundle repository and its keystore."""
+
+    path: Path | None = Field(
+        None, description="Repository directory (default state_dir/repository)."
+    )
+    keystore: Path | None = Field(
+        None, description="Keystore directory (default state_dir/keystore)."
+    )
+
+
+class CASection(Section):
+    """The fleet CA."""
+
+    path: Path | None = Field(None, description="CA directory (default state_dir/ca).")
+    create: bool = Field(True, description="Create the CA at the first start if it is missing.")
+    crl_refresh_before_s: int = Field(
+        7 * 86_400,
+        gt=0,
+        description="Write a fresh CRL when the current one expires within this many seconds "
+        "(an expired CRL makes the broker refuse every client).",
+    )
+
+
+class EnrollmentSection(Section):
+    """Enrollment tokens and device certificates."""
+
+    token_ttl_s: int = Field(
+        86_400, gt=0, le=30 * 86_400, description="Default lifetime of an enrollment token."
+    )
+    device_cert_days: int = Field(
+        365, ge=1, le=3650, description="Validity of a device certificate, days."
+    )
+
+
+class IngestSection(Section):
+    """The MQTT ingest workers."""
+
+    workers: int = Field(1, ge=0, le=64, description="Ingest workers in this process.")
+    group: str = Field("ingest", description="Shared-subscription group ($share/<group>/...).")
+
+    @field_validator("group")
+    @classmethod
+    def _group(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", value):
+            raise ValueError(f"{value!r}: 1-64 of A-Z a-z 0-9 _ . - (no / + #)")
+        return value
+
+
+class RolloutsSection(Section):
+    """The rollout reconciliation loop."""
+
+    tick_s: float = Field(1.0, gt=0, le=3600, description="Seconds between reconciliation ticks.")
+
+
+class FleetServerConfig(Section):
+    """The whole fleet server configuration file."""
+
+    server: ServerSection = Field(default_factory=ServerSection, description="State.")
+    http: HttpSection = Field(default_factory=HttpSection, description="HTTP API.")
+    database: DatabaseSection = Field(default_factory=DatabaseSection, description="Database.")
+    broker: BrokerSection = Field(default_factory=BrokerSection, description="MQTT broker.")
+    repository: RepositorySection = Field(
+        default_factory=RepositorySection, description="Bundle repository."
+    )
+    ca: CASection = Field(default_factory=CASection, description="Fleet CA.")
+    enrollment: EnrollmentSection = Field(
+        default_factory=EnrollmentSection, description="Enrollment."
+    )
+    ingest: IngestSection = Field(default_factory=IngestSection, description="Ingest.")
+    rollouts: RolloutsSection = Field(default_factory=RolloutsSection, description="Rollouts.")
+
+    @property
+    def state_dir(self) -> Path:
+        """The state directory."""
+        return self.server.state_dir
+
+    @property
+    def database_url(self) -> str:
+        """The database URL (the default SQLite file when none is configured)."""
+        return self.database.url or sqlite_url(self.state_dir / "fleet.db")
+
+    @property
+    def ca_path(self) -> Path:
+        """The CA directory."""
+        return self.ca.path or self.state_dir / "ca"
+
+    @property
+    def repository_path(self) -> Path:
+        """The repository directory."""
+        return self.repository.path or self.state_dir / "repository"
+
+    @property
+    def keystore_path(self) -> Path:
+        """The keystore directory."""
+        return self.repository.keystore or self.state_dir / "keystore"
+
+    @property
+    def identity_dir(self) -> Path:
+        """Where the fleet server's own MQTT client key and certificate are kept."""
+        return self.state_dir / "identity"
+
+    def mosquitto_config(self) -> MosquittoConfig:
+        """The managed Mosquitto's settings, paths not given filled from the layout."""
+        given = self.broker.mosquitto
+        broker_dir = self.state_dir / "broker"
+        layout = {
+            "state_dir": broker_dir,
+            "cafile": self.ca_path / "ca.crt",
+            "crlfile": self.ca_path / "crl.pem",
+            "certfile": broker_dir / "server.crt",
+            "keyfile": broker_dir / "server.key",
+        }
+        missing = {k: v for k, v in layout.items() if k not in given.model_fields_set}
+        return given.model_copy(update=missing)
+
+
+def _resolve(section: Any, keys: tuple[str, ...], base: Path) -> None:
+    if isinstance(section, dict):
+        for key in keys:
+            if isinstance(section.get(key), str):
+                section[key] = str(base / section[key])
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    _resolve(data.get("server"), ("state_dir",), base)
+    _resolve(data.get("repository"), ("path", "keystore"), base)
+    _resolve(data.get("ca"), ("path",), base)
+    broker = data.get("broker")
+    if isinstance(broker, dict):
+        _resolve(broker.get("mosquitto"), _BROKER_PATHS, base)
+        _resolve(broker.get("external"), ("ca", "cert", "key"), base)
+    db = data.get("database")
+    if isinstance(db, dict) and isinstance(db.get("url"), str):
+        prefix = "sqlite:///"
+        url: str = db["url"]
+        if url.startswith(prefix) and not url.startswith(prefix + "/"):
+            db["url"] = sqlite_url(base / url.removeprefix(prefix))
+
+
+def parse_config(
+    data: dict[str, Any], path: str = "", base: Path | None = None
+) -> FleetServerConfig:
+    """Validate an already-parsed config mapping; ``base`` resolves relative paths.
+
+    Raises:
+        ConfigError: naming ``path`` and the first offending field.
+    """
+    if base is not None:
+        _resolve_paths(data, base)
+    try:
+        return FleetServerConfig.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        first = errors[0]
+        reason = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        if len(errors) > 1:
+            others = "; ".join(f"{_dotted(tuple(x['loc']))}: {x['msg']}" for x in errors[1:4])
+            reason += f" (and {len(errors) - 1} more: {others})"
+        raise ConfigError(path, _dotted(tuple(first["loc"])), reason) from None
+
+
+def load_config(path: Path) -> FleetServerConfig:
+    """Read and validate ``path`` (TOML).
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or not a valid configuration.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(path), "", f"can't read: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(path), "", f"not valid TOML: {e}") from None
+    return parse_config(data, str(path), Path(path).resolve().parent)

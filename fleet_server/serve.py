@@ -1,0 +1,405 @@
+"""The fleet server process: database, CA, broker, services and the HTTP API, started in
+order and stopped in reverse.
+
+:meth:`FleetServer.start` opens the database (migrations), creates the CA at the first
+start (passphrase of role ``ca``: see :class:`fleet_server.repository.Passphrases`), issues
+the broker's server certificate and the fleet server's own MQTT identity when missing,
+expiring or no longer from this CA, starts the managed Mosquitto (or takes the external
+broker), builds the :class:`ServerContext`, starts the services (ingest workers, the
+rollout service: factories given to the constructor) and last the API (uvicorn in a
+thread). A background thread writes a fresh CRL before the current one expires.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+import uvicorn
+from cryptography import x509
+
+from agent.secrets import read_secret
+from fleet_server.api.app import create_app
+from fleet_server.api.context import BrokerEndpoint, ServerContext
+from fleet_server.broker import ManagedBroker, MosquittoConfig
+from fleet_server.ca import FleetCA
+from fleet_server.config import FleetServerConfig
+from fleet_server.db import open_database
+from fleet_server.errors import FleetError
+from fleet_server.repository import KeyStore, Passphrases, Repository
+from fleet_server.repository._files import make_dirs, write_durable
+
+__all__ = ["FleetServer", "ServeError", "ServerContext", "Service", "ServiceFactory"]
+
+log = logging.getLogger(__name__)
+
+API_START_TIMEOUT_S = 15.0
+RENEW_BEFORE = timedelta(days=30)
+"""Certificates of the broker and the fleet server are reissued this long before expiry."""
+CRL_CHECK_S = 600.0
+_POLL_S = 0.02
+
+
+class ServeError(FleetError):
+    """The fleet server can't start or stop a part.
+
+    Attributes:
+        part: the part ("api", "operator token", ...).
+        reason: what failed.
+    """
+
+    def __init__(self, part: str, reason: str) -> None:
+        self.part = part
+        self.reason = reason
+        super().__init__(f"fleet-server: {part}: {reason}")
+
+
+class Service(Protocol):
+    """A part started after the broker and before the API (ingest, rollout service)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+ServiceFactory = Callable[[ServerContext], Service]
+"""Builds a service from the running context (it may attach ``ctx.rollouts``)."""
+
+
+def _cert_needs_renewal(path: Path, ca: FleetCA, ips: Sequence[str], dns: Sequence[str]) -> str:
+    """Why the certificate at ``path`` must be reissued ("" when it is fine)."""
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+    if cert.issuer != ca.certificate().subject:
+        return "issued by another CA"
+    if cert.not_valid_after_utc - datetime.now(timezone.utc) < RENEW_BEFORE:
+        return f"expires {cert.not_valid_after_utc:%Y-%m-%d}"
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        san = x509.SubjectAlternativeName([])
+    have = {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+    have |= set(san.get_values_for_type(x509.DNSName))
+    wanted = {str(ipaddress.ip_address(a)) for a in ips} | set(dns)
+    missing = wanted - have
+    return f"does not name {sorted(missing)}" if missing else ""
+
+
+def _save_identity(key_file: Path, cert_file: Path, key_pem: bytes, cert_pem: bytes) -> None:
+    try:
+        make_dirs(key_file.parent, mode=0o700)
+        make_dirs(cert_file.parent, mode=0o700)
+        write_durable(key_file, key_pem, mode=0o600)
+        write_durable(cert_file, cert_pem, mode=0o644)
+    except OSError as exc:
+        raise ServeError("identity", f"cannot write {cert_file}: {exc}") from exc
+
+
+def _split_hosts(hosts: Sequence[str]) -> tuple[list[str], list[str]]:
+    ips, dns = ["127.0.0.1", "::1"], ["localhost"]
+    for host in hosts:
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            dns.append(host)
+            continue
+        if not ip.is_unspecified:
+            ips.append(str(ip))
+    return sorted(set(ips)), sorted(set(dns))
+
+
+class _ApiThread:
+    """uvicorn serving the app on a socket bound here, in a thread."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        http = ctx.config.http
+        family = socket.AF_INET6 if ":" in http.host else socket.AF_INET
+        try:
+            self.sock = socket.create_server((http.host, http.port), family=family)
+        except OSError as exc:
+            raise ServeError("api", f"cannot listen on {http.host}:{http.port}: {exc}") from exc
+        self.port = int(self.sock.getsockname()[1])
+        config = uvicorn.Config(
+            create_app(ctx),
+            log_config=None,
+            lifespan="off",
+            limit_concurrency=http.max_concurrency,
+            timeout_graceful_shutdown=int(http.shutdown_timeout_s) or 1,
+        )
+        self.server = uvicorn.Server(config)
+        self.timeout_s = http.shutdown_timeout_s
+        self.thread = threading.Thread(target=self._run, name="fleet-api", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        except (Exception, SystemExit):
+            log.exception("the HTTP API stopped on an error")
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + API_START_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive():
+                self.sock.close()
+                raise ServeError("api", "uvicorn exited while starting (see the log)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServeError("api", f"not serving within {API_START_TIMEOUT_S} s")
+            time.sleep(_POLL_S)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(self.timeout_s + 5.0)
+        if self.thread.is_alive():
+            log.warning("the HTTP API did not stop in time; forcing it")
+            self.server.force_exit = True
+            self.thread.join(5.0)
+        self.sock.close()
+        if self.thread.is_alive():
+            raise ServeError("api", "the uvicorn thread did not end")
+
+
+class _CrlKeeper:
+    """Writes a fresh CRL (and reloads the broker) before the current one expires."""
+
+    def __init__(self, ctx: ServerContext, within: timedelta) -> None:
+        self.ctx = ctx
+        self.within = within
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fleet-crl", daemon=True)
+
+    def check(self) -> bool:
+        """Refresh the CRL if it is due; whether it was."""
+        if not self.ctx.ca.crl_due(self.within):
+            return False
+        self.ctx.ca.write_crl()
+        self.ctx.reload_broker()
+        log.info("wrote a fresh CRL")
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(CRL_CHECK_S):
+            try:
+                self.check()
+            except FleetError:
+                self.failures += 1
+                log.exception("CRL refresh failed (%d so far)", self.failures)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+        if self._thread.is_alive():
+            log.warning("the CRL thread did not end within 10 s")
+
+
+class FleetServer:
+    """One fleet server process's parts (see the module docstring)."""
+
+    def __init__(
+        self, config: FleetServerConfig, *, services: Sequence[ServiceFactory] = ()
+    ) -> None:
+        self.config = config
+        self._factories = list(services)
+        self._stops: list[tuple[str, Callable[[], None]]] = []
+        self._ctx: ServerContext | None = None
+        self._api: _ApiThread | None = None
+        self._broker: ManagedBroker | None = None
+
+    @property
+    def context(self) -> ServerContext:
+        """The running server's context.
+
+        Raises:
+            ServeError: not started.
+        """
+        if self._ctx is None:
+            raise ServeError("server", "not started")
+        return self._ctx
+
+    @property
+    def api_port(self) -> int:
+        """The port the API listens on (the chosen one when configured as 0)."""
+        if self._api is None:
+            raise ServeError("api", "not started")
+        return self._api.port
+
+    @property
+    def url(self) -> str:
+        """The API's base URL."""
+        host = self.config.http.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.api_port}"
+
+    def problem(self) -> str | None:
+        """Why the running server is no longer whole (None while it is)."""
+        if self._api is not None and not self._api.thread.is_alive():
+            return "the HTTP API stopped"
+        if self._broker is not None and not self._broker.running:
+            return "mosquitto exited: " + " | ".join(self._broker.log_tail()[-3:])
+        return None
+
+    def start(self) -> None:
+        """Start every part; on a failure, stop those already started and raise.
+
+        Raises:
+            FleetError: a part can't start (StorageError, CAError, BrokerError, ServeError).
+            PassphraseError: no passphrase for the CA key.
+        """
+        if self._ctx is not None:
+            raise ServeError("server", "already started")
+        try:
+            self._start()
+        except BaseException:
+            try:
+                self.stop()
+            except FleetError:
+                log.exception("stopping after a failed start")
+            raise
+
+    def _start(self) -> None:
+        cfg = self.config
+        try:
+            make_dirs(cfg.state_dir, mode=0o700)
+        except OSError as exc:
+            raise ServeError("state_dir", f"cannot create {cfg.state_dir}: {exc}") from exc
+        token = self._operator_token()
+        engine = open_database(cfg.database_url)
+        self._stops.append(("database", engine.dispose))
+        passphrases = Passphrases(cfg.server.passphrase_name)
+        ca = self._open_ca(passphrases)
+        crl_within = timedelta(seconds=cfg.ca.crl_refresh_before_s)
+        if ca.crl_due(crl_within):
+            ca.write_crl()
+        endpoint, broker_cfg = self._identities(ca)
+        if broker_cfg is not None:
+            self._broker = ManagedBroker(broker_cfg)
+            self._broker.start()
+            self._stops.append(("broker", self._broker.stop))
+        repo = Repository(cfg.repository_path)
+        if not repo.initialized():
+            log.warning("no bundle repository in %s: enrollment answers 503", repo.path)
+        ctx = ServerContext(
+            config=cfg,
+            engine=engine,
+            ca=ca,
+            repository=repo,
+            keystore=KeyStore(cfg.keystore_path, passphrases),
+            broker=endpoint,
+            managed_broker=self._broker,
+            operator_token=token,
+        )
+        self._ctx = ctx
+        for factory in self._factories:
+            service = factory(ctx)
+            service.start()
+            self._stops.append((type(service).__name__, service.stop))
+        keeper = _CrlKeeper(ctx, crl_within)
+        keeper.start()
+        self._stops.append(("crl", keeper.stop))
+        self._api = _ApiThread(ctx)
+        self._api.start()
+        self._stops.append(("api", self._api.stop))
+        log.info("fleet server ready: API %s, broker %s:%d", self.url, endpoint.host, endpoint.port)
+
+    def _operator_token(self) -> str | None:
+        name = self.config.http.operator_token_env
+        if name is None:
+            return None
+        token = read_secret(name)
+        if token is None:
+            raise ServeError(
+                "operator token", f"${name} is not set (environment or $CREDENTIALS_DIRECTORY)"
+            )
+        return token
+
+    def _open_ca(self, passphrases: Passphrases) -> FleetCA:
+        ca = FleetCA(self.config.ca_path, passphrases)
+        if ca.exists():
+            return ca
+        if not self.config.ca.create:
+            raise ServeError("ca", f"no CA in {ca.path} and [ca] create = false")
+        log.info("creating the fleet CA in %s", ca.path)
+        return FleetCA.create(ca.path, passphrases=passphrases)
+
+    def _identities(self, ca: FleetCA) -> tuple[BrokerEndpoint, MosquittoConfig | None]:
+        """The fleet server's MQTT identity, and the managed broker's certificate."""
+        cfg = self.config
+        b = cfg.broker
+        host, port = b.listen_host(), b.listen_port()
+        advertise = b.advertise_host or host
+        if b.external is not None:
+            ext = b.external
+            endpoint = BrokerEndpoint(
+                host, port, ext.ca, ext.cert, ext.key, advertise, b.advertise_port or port
+            )
+            return endpoint, None
+        key_file = cfg.identity_dir / "fleet-server.key"
+        cert_file = cfg.identity_dir / "fleet-server.crt"
+        why = _cert_needs_renewal(cert_file, ca, (), ())
+        if why:
+            log.info("issuing the fleet server's MQTT identity (%s)", why)
+            key_pem, issued = ca.issue_service()
+            _save_identity(key_file, cert_file, key_pem, issued.cert_pem)
+        mq = cfg.mosquitto_config()
+        ips, dns = _split_hosts([mq.host, advertise])
+        why = _cert_needs_renewal(mq.certfile, ca, ips, dns)
+        if why:
+            log.info("issuing the broker's server certificate (%s)", why)
+            key_pem, issued = ca.issue_server(dns_names=dns, ip_addresses=ips)
+            _save_identity(mq.keyfile, mq.certfile, key_pem, issued.cert_pem)
+        connect = "127.0.0.1" if ipaddress.ip_address(_as_ip(mq.host)).is_unspecified else mq.host
+        endpoint = BrokerEndpoint(
+            connect, port, ca.cert_path, cert_file, key_file, advertise, b.advertise_port or port
+        )
+        return endpoint, mq
+
+    def stop(self) -> None:
+        """Stop every started part, in reverse order; errors are logged, the first re-raised.
+
+        Raises:
+            FleetError: a part failed to stop (the others were still stopped).
+        """
+        first: Exception | None = None
+        while self._stops:
+            name, stop = self._stops.pop()
+            try:
+                stop()
+            except Exception as exc:
+                log.exception("stopping %s failed", name)
+                first = first or exc
+        self._ctx, self._api, self._broker = None, None, None
+        if first is not None:
+            raise ServeError("stop", str(first)) from first
+
+    def __enter__(self) -> FleetServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _as_ip(host: str) -> str:
+    return "127.0.0.1" if host == "localhost" else host

@@ -1,0 +1,143 @@
+"""``fleet-server``: run the fleet server, or check its configuration.
+
+The library raises; this module turns its errors into one line on stderr and exit code 2.
+``serve`` runs until SIGTERM or SIGINT (exit 0), or until a part dies (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from sqlalchemy.engine import make_url
+
+from agent.errors import AgentError
+from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
+from fleet_server.errors import FleetError
+from fleet_server.serve import FleetServer, ServiceFactory
+
+EXIT_ERROR = 2
+EXIT_PART_DIED = 1
+WATCH_S = 1.0
+
+EPILOG = """examples:
+  fleet-server serve --config /etc/edgefleet/fleet.toml
+  fleet-server check-config --config fleet.toml --json
+"""
+
+log = logging.getLogger(__name__)
+
+
+def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
+    """The services ``serve`` starts with the server: ingest workers and the rollout
+    service (wired here as they are added)."""
+    del config
+    return []
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = load_config(Path(args.config))
+    logging.getLogger().setLevel(cfg.server.log_level.upper())
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    server = FleetServer(cfg, services=services_for(cfg))
+    server.start()
+    print(f"fleet-server: serving {server.url}", flush=True)
+    code = 0
+    try:
+        while not stop.wait(WATCH_S):
+            problem = server.problem()
+            if problem is not None:
+                log.error("stopping: %s", problem)
+                print(f"fleet-server: error: {problem}", file=sys.stderr)
+                code = EXIT_PART_DIED
+                break
+    finally:
+        server.stop()
+    return code
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    cfg = load_config(Path(args.config))
+    report = {
+        "config": args.config,
+        "state_dir": str(cfg.state_dir),
+        "database": make_url(cfg.database_url).render_as_string(hide_password=True),
+        "api": f"{cfg.http.host}:{cfg.http.port}",
+        "operator_token_env": cfg.http.operator_token_env,
+        "broker": {
+            "managed": cfg.broker.managed,
+            "host": cfg.broker.listen_host(),
+            "port": cfg.broker.listen_port(),
+        },
+        "ca": str(cfg.ca_path),
+        "repository": str(cfg.repository_path),
+        "keystore": str(cfg.keystore_path),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        kind = "managed" if cfg.broker.managed else "external"
+        print(
+            f"{args.config}: ok (API {report['api']}, {kind} broker "
+            f"{cfg.broker.listen_host()}:{cfg.broker.listen_port()}, state {cfg.state_dir})"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-server",
+        description="The edgefleet fleet server: HTTP API, MQTT broker and ingest, rollouts.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", default=DEFAULT_CONFIG, help=f"(default {DEFAULT_CONFIG})")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the fleet server until SIGTERM",
+        epilog="example: fleet-server serve --config fleet.toml",
+    )
+    with_config(serve)
+    serve.set_defaults(func=cmd_serve)
+    check = sub.add_parser(
+        "check-config",
+        help="validate the configuration without running",
+        epilog="example: fleet-server check-config --config fleet.toml --json",
+    )
+    with_config(check)
+    check.add_argument("--json", action="store_true", help="print a JSON report")
+    check.set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (AgentError, FleetError) as exc:
+        print(f"fleet-server: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""fleet-server as a process: ``python -m fleet_server.server_cli serve`` with a real managed
+Mosquitto (TLS, client certificates) and the API, stopped by SIGTERM; ``check-config``;
+and FleetServer in this process for restarts and failed starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ConfigError
+from agent.wire import topics
+from agent.wire.enroll import ENROLL_PATH
+from fleet_server.ca import make_device_key_and_csr
+from fleet_server.config import load_config, parse_config
+from fleet_server.serve import FleetServer, ServeError
+from tests.broker import free_port
+from tests.fleet.fleet_api_support import (
+    OPERATOR_TOKEN,
+    PASSPHRASE,
+    TOKEN_ENV,
+    api_config,
+    http,
+    make_repository,
+)
+from tests.fleet.tls_peers import Peer
+
+START_TIMEOUT_S = 40.0
+STOP_TIMEOUT_S = 30.0
+NOT_AUTHORIZED = 0x87
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_repository(tmp_path_factory.mktemp("serve-repo"))
+
+
+@pytest.fixture(autouse=True)
+def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.setenv("EDGEFLEET_KEY_PASSPHRASE", PASSPHRASE)
+    monkeypatch.setenv(TOKEN_ENV, OPERATOR_TOKEN)
+
+
+def write_config(directory: Path, repository: tuple[Path, Path], api: int, mqtt: int) -> Path:
+    repo, keys = repository
+    path = directory / "fleet.toml"
+    path.write_text(
+        f"""
+[server]
+state_dir = "state"
+log_level = "info"
+
+[http]
+port = {api}
+operator_token_env = "{TOKEN_ENV}"
+
+[broker.mosquitto]
+port = {mqtt}
+persistence = false
+
+[repository]
+path = "{repo}"
+keystore = "{keys}"
+"""
+    )
+    return path
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2.0)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> dict[str, object]:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"fleet-server exited {proc.returncode}: {log.read_text()}"
+        try:
+            answer = http("GET", url + "/healthz")
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+            continue
+        assert answer.status == 200, answer.body
+        body: dict[str, object] = answer.body
+        return body
+    raise AssertionError(f"not healthy within {START_TIMEOUT_S} s: {log.read_text()}")
+
+
+@pytest.fixture
+def served(
+    tmp_path: Path, repository: tuple[Path, Path]
+) -> Iterator[tuple[subprocess.Popen[bytes], str, int, Path]]:
+    api, mqtt = free_port(), free_port()
+    config = write_config(tmp_path, repository, api, mqtt)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet_server.server_cli", "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
+    try:
+        yield proc, f"http://127.0.0.1:{api}", mqtt, tmp_path / "state"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT_S)
+
+
+def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
+    served: tuple[subprocess.Popen[bytes], str, int, Path], tmp_path: Path
+) -> None:
+    proc, url, mqtt, state = served
+    health = wait_healthy(url, proc, tmp_path / "serve.log")
+    assert health == {"status": "ok", "database": True, "broker": True, "rollouts": False}
+
+    # a device enrolls over the API and reaches the broker with what it got
+    token = http("POST", f"{url}/api/v1/devices/cam-1/tokens", {}, token=OPERATOR_TOKEN)
+    key_pem, csr_pem = make_device_key_and_csr("cam-1")
+    req = {"token": token.body["token"], "csr": csr_pem.decode()}
+    enrolled = http("POST", url + ENROLL_PATH, req).body
+    assert enrolled["broker"] == {"host": "127.0.0.1", "port": mqtt}
+    for name, data in (("ca.crt", enrolled["ca"]), ("cam-1.crt", enrolled["certificate"])):
+        (tmp_path / name).write_text(data)
+    (tmp_path / "cam-1.key").write_bytes(key_pem)
+    device = Peer(mqtt, tmp_path / "ca.crt", tmp_path / "cam-1.crt", tmp_path / "cam-1.key")
+    assert device.connect()  # TLS: the broker's certificate verifies for 127.0.0.1
+    try:
+        assert not device.publish(topics.heartbeat("cam-1"), b"{}").is_failure
+        assert device.publish(topics.heartbeat("cam-2"), b"{}").value == NOT_AUTHORIZED
+    finally:
+        device.close()
+    fleet = Peer(
+        mqtt,
+        state / "ca" / "ca.crt",
+        state / "identity" / "fleet-server.crt",
+        state / "identity" / "fleet-server.key",
+    )
+    assert fleet.connect()
+    fleet.close()
+
+    # revocation reaches the running broker: the device's next connection is refused
+    revoked = http("POST", f"{url}/api/v1/devices/cam-1/revoke", token=OPERATOR_TOKEN).body
+    assert revoked["broker_reloaded"] is True
+    again = Peer(mqtt, tmp_path / "ca.crt", tmp_path / "cam-1.crt", tmp_path / "cam-1.key")
+    assert not again.connect()
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(STOP_TIMEOUT_S) == 0
+    assert refused(mqtt), "mosquitto still listening after fleet-server stopped"
+    assert refused(int(url.rsplit(":", 1)[1]))
+
+
+def test_check_config_rejects_an_unknown_key_naming_file_and_field(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.toml"
+    config.write_text('[http]\nprot = 8080\n[server]\nstate_dir = "s"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet_server.server_cli", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert f"{config}: http.prot: unknown key" in proc.stderr
+
+
+def test_check_config_resolves_paths_from_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "etc" / "fleet.toml"
+    config.parent.mkdir()
+    config.write_text('[server]\nstate_dir = "../state"\n[broker.mosquitto]\nport = 18883\n')
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet_server.server_cli",
+            "check-config",
+            "--config",
+            str(config),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    state = (tmp_path / "etc" / ".." / "state").resolve()
+    assert Path(report["state_dir"]).resolve() == state
+    assert Path(report["ca"]).resolve() == state / "ca"
+    assert report["broker"] == {"managed": True, "host": "127.0.0.1", "port": 18883}
+    mq = load_config(config).mosquitto_config()
+    assert (mq.certfile.resolve(), mq.cafile.resolve()) == (
+        state / "broker" / "server.crt",
+        state / "ca" / "ca.crt",
+    )
+
+
+def test_config_refuses_unsafe_or_incomplete_settings() -> None:
+    with pytest.raises(ConfigError, match=r"x\.toml: http: .*operator_token_env"):
+        parse_config({"http": {"host": "0.0.0.0"}}, "x.toml")  # noqa: S104
+    with pytest.raises(ConfigError, match=r"broker: .*broker\.external"):
+        parse_config({"broker": {"managed": False}}, "x.toml")
+    with pytest.raises(ConfigError, match=r"broker\.mosquitto\.port"):
+        parse_config({"broker": {"mosquitto": {"port": 0}}}, "x.toml")
+    with pytest.raises(ConfigError, match=r"database\.url"):
+        parse_config({"database": {"url": "mysql://db/fleet"}}, "x.toml")
+
+
+def test_restart_keeps_the_ca_and_the_issued_certificates(
+    tmp_path: Path, repository: tuple[Path, Path]
+) -> None:
+    cfg = api_config(
+        tmp_path / "state",
+        *repository,
+        token=False,
+        broker={"mosquitto": {"port": free_port(), "persistence": False}},
+    )
+    files = [
+        cfg.ca_path / "ca.crt",
+        cfg.mosquitto_config().certfile,
+        cfg.identity_dir / "fleet-server.crt",
+    ]
+    with FleetServer(cfg) as server:
+        assert http("GET", server.url + "/healthz").body["broker"] is True
+        first = [f.read_bytes() for f in files]
+    with FleetServer(cfg) as server:
+        assert http("GET", server.url + "/healthz").status == 200
+        assert [f.read_bytes() for f in files] == first
+
+
+def test_a_failed_start_stops_the_broker_it_started(
+    tmp_path: Path, repository: tuple[Path, Path]
+) -> None:
+    mqtt = free_port()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        cfg = parse_config(
+            {
+                "server": {"state_dir": str(tmp_path / "state")},
+                "http": {"port": port},
+                "broker": {"mosquitto": {"port": mqtt, "persistence": False}},
+                "repository": {"path": str(repository[0]), "keystore": str(repository[1])},
+            }
+        )
+        server = FleetServer(cfg)
+        with pytest.raises(ServeError, match=f"cannot listen on 127.0.0.1:{port}"):
+            server.start()
+    assert refused(mqtt)
+    with pytest.raises(ServeError, match="not started"):
+        _ = server.context
+
+
+def test_a_missing_operator_token_stops_the_start_naming_the_variable(
+    tmp_path: Path, repository: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV)
+    cfg = api_config(tmp_path / "state", *repository)
+    with pytest.raises(ServeError, match=f"\\${TOKEN_ENV} is not set"):
+        FleetServer(cfg).start()
+
+
+def test_rollout_endpoints_answer_503_until_a_rollout_service_is_attached(
+    tmp_path: Path, repository: tuple[Path, Path]
+) -> None:
+    with FleetServer(api_config(tmp_path / "state", *repository)) as server:
+        answer = http("GET", server.url + "/api/v1/rollouts", token=OPERATOR_TOKEN)
+        assert answer.status == 503
+        assert "rollout service" in answer.body["detail"]
+        assert http("GET", server.url + "/healthz").body["rollouts"] is False
