@@ -21,8 +21,10 @@ from agent.capture import Camera
 from agent.config import AgentConfig
 from agent.decisionlog import DecisionLog
 from agent.errors import AgentError
+from agent.fleetlink.report import agent_health, reported_state
 from agent.fleetlink.service import UpdateService
 from agent.http import LocalHttpServer
+from agent.identity import Identity
 from agent.installer import Installer
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision, PipelineRunner, Stage
@@ -35,6 +37,8 @@ from agent.planning import (
     plan_pipelines,
 )
 from agent.sensors import SensorSource, make_sensor
+from agent.uplink.service import Uplink
+from agent.uplink.sysinfo import SysInfo
 from runtime import ModelConfig, ModelLoadError, PoolConfig, WorkerPool
 from runtime.profiles import load_profile
 
@@ -80,13 +84,15 @@ class Agent:
         )
         self.installer: Installer | None = None
         self.updates: UpdateService | None = None
+        self.profile_name = load_profile(config.agent.profile).name
         if resolve is None and config.uses_installer():
-            self.profile_name = load_profile(config.agent.profile).name
             self.installer = Installer(
                 self.state_dir, profile_name=self.profile_name, config=config.fleet.installer
             )
             resolve = installed_resolver(self.installer)
         self.resolve: Resolver | None = resolve
+        self.identity: Identity | None = None
+        self.uplink: Uplink | None = None
         self._loaded: dict[str, list[Path]] = {}
         self._reload_lock = threading.Lock()
         self._stop = threading.Event()
@@ -122,6 +128,7 @@ class Agent:
                 allow_remote=h.allow_remote,
             )
             self.http.start()
+        self._start_uplink()
         if self.config.fleet.enabled and self.installer is not None:
             fleet = self.config.fleet
             self.updates = UpdateService(
@@ -129,6 +136,8 @@ class Agent:
                 fleet,
                 self.installer,
                 hardware_class=fleet.hardware_class or self.profile_name,
+                identity=self.identity,
+                on_report=self._install_report,
             )
             self.updates.start()
         self._stats_thread = threading.Thread(
@@ -136,6 +145,42 @@ class Agent:
         )
         self._stats_thread.start()
         return self
+
+    def _start_uplink(self) -> None:
+        """Report to the fleet with the enrolled identity (TLS); without one, say so."""
+        cfg = self.config.uplink
+        try:
+            self.identity = Identity.load(self.state_dir, cfg.identity_dir)
+        except AgentError as e:
+            self.problems.append(Problem("uplink", f"{e} (enroll again: edge-agent enroll)"))
+            return
+        if not cfg.enabled:
+            return
+        if self.identity is None:
+            self.problems.append(Problem("uplink", "not enrolled: run edge-agent enroll"))
+            return
+        labels = dict(self.identity.labels)
+        self.uplink = Uplink(
+            self.config.agent.device_id,
+            self.identity,
+            cfg,
+            state=lambda: reported_state(self, labels),
+            health=lambda: agent_health(self),
+            decision_log=self.log,
+            sysinfo=SysInfo(
+                self.state_dir,
+                pids=lambda: [p for p in (self.pool.worker_pids() if self.pool else []) if p],
+            ),
+        )
+        self.uplink.start()
+
+    def _install_report(self, report: dict[str, Any]) -> None:
+        if self.uplink is not None:
+            try:
+                self.uplink.event("install", report)
+                self.uplink.publish_state()
+            except AgentError as e:
+                log.warning("install report not sent: %s", e)
 
     def reload_if_changed(self) -> bool:
         """Reload when a pipeline's bundles now resolve to other directories."""
@@ -262,6 +307,8 @@ class Agent:
         self._stop.set()
         if self.updates is not None:
             self.updates.stop(timeout_s=1.0)
+        if self.uplink is not None:
+            self.uplink.stop(timeout_s=1.0)
         for cam in self.cameras.values():
             cam.stop(timeout_s=0.5)
         for sensor in self.sensors.values():

@@ -33,6 +33,7 @@ EPILOG_RUN = """example:
   edge-agent install /media/usb/edgefleet --config agent.toml
   edge-agent bundles --config agent.toml
   edge-agent rollback text-cls --config agent.toml
+  edge-agent enroll http://127.0.0.1:8080 --token - --config agent.toml
 """
 
 
@@ -202,6 +203,12 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0 if report["outcome"] in ("committed", "noop") else EXIT_ERROR
 
 
+def cmd_enroll(args: argparse.Namespace) -> int:
+    from agent.uplink.cli import cmd_enroll as enroll  # noqa: PLC0415
+
+    return enroll(args.server_url, args.token, args.config, replace=args.replace)
+
+
 def cmd_bench_log(args: argparse.Namespace) -> int:
     import tempfile  # noqa: PLC0415
 
@@ -301,6 +308,17 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--json", action="store_true", help="print the report as JSON")
     inst.set_defaults(func=cmd_install)
     add_installer_parsers(sub, with_config, install=False)  # bundles, rollback
+
+    enr = sub.add_parser(
+        "enroll",
+        help="trade a one-time token for this device's certificate (key made here)",
+        epilog="example: edge-agent enroll https://fleet.example:8080 --token - --config a.toml",
+    )
+    enr.add_argument("server_url", help="the fleet server's URL")
+    enr.add_argument("--token", required=True, help="the one-time token, or - to read stdin")
+    with_config(enr)
+    enr.add_argument("--replace", action="store_true", help="enroll again over an identity")
+    enr.set_defaults(func=cmd_enroll)
 
     blog = sub.add_parser(
         "bench-log",

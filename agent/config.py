@@ -26,6 +26,7 @@ from agent.http import HttpConfig
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
 from agent.sensors.config import SensorConfig
+from agent.uplink.config import UplinkConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,6 +128,9 @@ class AgentConfig(Section):
     lines: dict[str, LineConfig] = Field(default_factory=dict, description="Production lines.")
     pipelines: list[PipelineConfig] = Field(default_factory=list, description="Pipelines.")
     fleet: FleetConfig = Field(default_factory=FleetConfig, description="Signed bundles.")
+    uplink: UplinkConfig = Field(
+        default_factory=UplinkConfig, description="Reports to the fleet (state, health...)."
+    )
 
     def uses_installer(self) -> bool:
         return self.fleet.enabled or any(

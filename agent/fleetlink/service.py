@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.fleetlink.config import FleetConfig
 from agent.fleetlink.link import Report, apply_directive, make_client
+from agent.identity import Identity
 from agent.installer import Installer
 from agent.update.fetchers import MqttFetcher
 from agent.wire import topics
@@ -70,12 +71,21 @@ class UpdateService:
     thread of its own (never on the hot path); publishes each report."""
 
     def __init__(
-        self, agent: Agent, cfg: FleetConfig, installer: Installer, *, hardware_class: str
+        self,
+        agent: Agent,
+        cfg: FleetConfig,
+        installer: Installer,
+        *,
+        hardware_class: str,
+        identity: Identity | None = None,
+        on_report: Callable[[Report], None] | None = None,
     ) -> None:
         self.agent = agent
         self.cfg = cfg
         self.installer = installer
         self.hw = hardware_class
+        self.identity = identity
+        self.on_report = on_report
         self.device_id = agent.config.agent.device_id
         self.state_dir: Path = agent.state_dir
         self.reports: list[Report] = []
@@ -90,15 +100,22 @@ class UpdateService:
             client_id=f"{m.client_id_prefix}-{self.device_id}-updates",
             protocol=mqtt.MQTTv5,
         )
-        if m.username:
+        if identity is not None:  # enrolled: the fleet broker with the device's certificate
+            identity.tls_configure(self._client)
+        elif m.username:
             self._client.username_pw_set(m.username, m.password())
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._client.reconnect_delay_set(1, 10)
 
+    def _broker(self) -> tuple[str, int]:
+        if self.identity is not None:
+            return self.identity.broker_host, self.identity.broker_port
+        return self.cfg.mqtt.host, self.cfg.mqtt.port
+
     def start(self) -> None:
-        m = self.cfg.mqtt
-        self._client.connect_async(m.host, m.port, keepalive=m.keepalive_s)
+        host, port = self._broker()
+        self._client.connect_async(host, port, keepalive=self.cfg.mqtt.keepalive_s)
         self._client.loop_start()
         self._thread = threading.Thread(target=self._loop, name="fleet-updates", daemon=True)
         self._thread.start()
@@ -138,14 +155,28 @@ class UpdateService:
                 log.exception("applying a directive failed")
                 report = {"outcome": "failed", "step": "internal", "reason": str(e)}
             self.reports.append(report)
+            if self.on_report is not None:
+                self.on_report(report)
             self._client.publish(
                 topics.install_state(self.device_id), json.dumps(report), qos=1, retain=True
             )
 
     def apply(self, directive: bytes) -> Report:
-        fetcher = MqttFetcher.from_config(
-            self.cfg.mqtt, device_id=self.device_id, timeout_s=self.cfg.fetch_timeout_s
-        )
+        if self.identity is not None:
+            host, port = self._broker()
+            fetcher = MqttFetcher(
+                host,
+                port,
+                device_id=self.device_id,
+                timeout_s=self.cfg.fetch_timeout_s,
+                tls_ca=self.identity.ca_path,
+                tls_cert=self.identity.cert_path,
+                tls_key=self.identity.key_path,
+            )
+        else:
+            fetcher = MqttFetcher.from_config(
+                self.cfg.mqtt, device_id=self.device_id, timeout_s=self.cfg.fetch_timeout_s
+            )
         fetcher.start()
         try:
             client = make_client(
