@@ -1,0 +1,215 @@
+"""The ingest sink over the fleet database (:mod:`fleet_server.db.store`).
+
+Every ``store_*`` call is one transaction. Records are inserted idempotently (the device's
+ids are the keys), so redelivery, agent retries and several workers on one shared
+subscription store each record once; the counts returned are rows actually inserted.
+Besides the records:
+
+- heartbeats move each device's ``last_seen`` forward and mark it online;
+- health reports also become the device's ``health`` (the newest by ``ts`` wins);
+- a reported state updates the device row (agent version, profile, labels when given,
+  active and previous bundle, online, last seen) unless a newer state is held; each
+  state is also kept as an event of kind ``state`` (id ``state:<ts>``), which is how a
+  newer state is told from an older one arriving late through another worker; a state
+  without ``ts`` (the last will) only sets ``online``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from agent.wire.messages import DecisionRow, Event, Health, Heartbeat, ReportedState, Telemetry
+from fleet_server.db import store
+from fleet_server.db.store import DecisionRecord, EventRecord, Record
+from fleet_server.db.tables import devices, events
+
+log = logging.getLogger(__name__)
+
+STATE_EVENT = "state"
+"""Kind of the events that keep the history of reported states."""
+
+
+def state_event_id(ts: float) -> str:
+    """The event id of the state reported at ``ts`` (the same on every delivery)."""
+    return f"{STATE_EVENT}:{ts!r}"
+
+
+def _records(rows: Iterable[Heartbeat | Health | Telemetry]) -> list[Record]:
+    return [Record(r.device_id, r.record_id, r.ts, r.model_dump(mode="json")) for r in rows]
+
+
+def _newest_by_device(rows: Iterable[Heartbeat | Health]) -> dict[str, Heartbeat | Health]:
+    newest: dict[str, Heartbeat | Health] = {}
+    for row in rows:
+        held = newest.get(row.device_id)
+        if held is None or row.ts > held.ts:
+            newest[row.device_id] = row
+    return newest
+
+
+_HEALTH_UPDATE = (
+    devices.update()
+    .where(
+        devices.c.device_id == sa.bindparam("id", type_=sa.Text),
+        sa.or_(
+            devices.c.health.is_(None),
+            sa.func.coalesce(devices.c.health["ts"].as_float(), 0.0)
+            <= sa.bindparam("ts", type_=sa.Double),
+        ),
+    )
+    .values(health=sa.bindparam("health", type_=devices.c.health.type))
+)
+
+
+class SqlSink:
+    """A :class:`~fleet_server.ingest.sink.Sink` that writes to the fleet database.
+
+    Thread-safe as the engine is: several ingest workers may share one sink (and one
+    engine), or each have its own over the same database.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def store_heartbeats(self, rows: Sequence[Heartbeat]) -> int:
+        """Insert the heartbeats not stored yet and touch their devices; how many new."""
+        if not rows:
+            return 0
+        seen = {d: r.ts for d, r in _newest_by_device(rows).items()}
+        with store.write_transaction(self.engine) as conn:
+            inserted = store.insert_heartbeats(conn, _records(rows))
+            store.touch_devices(conn, seen)
+        return inserted
+
+    def store_health(self, rows: Sequence[Health]) -> int:
+        """Insert the health reports not stored yet (in ``telemetry``, ids ``health:…``)
+        and keep each device's newest as its ``health``; how many new."""
+        if not rows:
+            return 0
+        params = [
+            {"id": d, "ts": r.ts, "health": r.model_dump(mode="json")}
+            for d, r in sorted(_newest_by_device(rows).items())
+        ]
+        with store.write_transaction(self.engine) as conn:
+            inserted = store.insert_telemetry(conn, _records(rows))
+            conn.execute(_HEALTH_UPDATE, params)
+        return inserted
+
+    def store_telemetry(self, rows: Sequence[Telemetry]) -> int:
+        """Insert the telemetry samples not stored yet; how many new."""
+        return store.insert_telemetry(self.engine, _records(rows)) if rows else 0
+
+    def store_decisions(self, rows: Sequence[DecisionRow]) -> int:
+        """Insert the decision rows not stored yet; how many new."""
+        if not rows:
+            return 0
+        records = [
+            DecisionRecord(
+                id=r.id,
+                device_id=r.device_id,
+                ts=r.decision_time,
+                source=r.source,
+                outcome=r.outcome,
+                model_name=r.model_name,
+                model_version=r.model_version,
+                payload=r.model_dump(mode="json"),
+            )
+            for r in rows
+        ]
+        return store.insert_decisions(self.engine, records)
+
+    def store_events(self, rows: Sequence[Event]) -> int:
+        """Insert the events not stored yet; how many new. The stored payload is the
+        event's ``payload`` (fields of the message this code does not know go under
+        ``"_message"``)."""
+        if not rows:
+            return 0
+        return store.insert_events(self.engine, [_event_record(e) for e in rows])
+
+    def store_state(self, device_id: str, state: ReportedState) -> None:
+        """Record the device's reported state, unless a newer one is held (by ``ts``);
+        a state without ``ts`` (the last will) changes only ``online``."""
+        with store.write_transaction(self.engine) as conn:
+            if state.ts is None:
+                conn.execute(
+                    devices.update()
+                    .where(devices.c.device_id == device_id)
+                    .values(online=state.online)
+                )
+                return
+            store.upsert_device(conn, device_id, now=state.ts)  # the row exists from here
+            _lock_device(conn, device_id)
+            store.insert_events(
+                conn,
+                [
+                    EventRecord(
+                        device_id,
+                        state_event_id(state.ts),
+                        state.ts,
+                        STATE_EVENT,
+                        state.model_dump(mode="json"),
+                    )
+                ],
+            )
+            if _newer_state_held(conn, device_id, state.ts):
+                log.info(
+                    "ingest: state of %s at %r is older than the one held", device_id, state.ts
+                )
+                return
+            conn.execute(
+                devices.update()
+                .where(devices.c.device_id == device_id)
+                .values(_state_values(state))
+            )
+            store.mark_seen(conn, device_id, state.ts, state.online)
+
+    def quarantine(self, topic: str, reason: str, payload: bytes) -> None:
+        """Set the payload aside in the database's quarantine table."""
+        store.quarantine(self.engine, topic, reason, payload)
+
+
+def _event_record(event: Event) -> EventRecord:
+    payload = dict(event.payload)
+    extra = event.model_extra
+    if extra:
+        payload["_message"] = dict(extra)
+    return EventRecord(event.device_id, event.event_id, event.ts, event.kind, payload)
+
+
+def _lock_device(conn: Connection, device_id: str) -> None:
+    """Hold the device's row until commit (PostgreSQL; SQLite's writer lock does it)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            sa.select(devices.c.device_id).where(devices.c.device_id == device_id).with_for_update()
+        )
+
+
+def _newer_state_held(conn: Connection, device_id: str, ts: float) -> bool:
+    query = (
+        sa.select(events.c.event_id)
+        .where(events.c.device_id == device_id, events.c.kind == STATE_EVENT, events.c.ts > ts)
+        .limit(1)
+    )
+    return conn.execute(query).first() is not None
+
+
+def _state_values(state: ReportedState) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "online": state.online,
+        "active_bundle": state.active.name if state.active else None,
+        "active_release": state.active.release if state.active else None,
+        "previous_bundle": state.previous.name if state.previous else None,
+        "previous_release": state.previous.release if state.previous else None,
+    }
+    if state.agent_version is not None:
+        values["agent_version"] = state.agent_version
+    if state.profile is not None:
+        values["profile"] = state.profile
+    if state.labels:
+        values["labels"] = dict(state.labels)
+    return values

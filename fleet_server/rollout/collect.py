@@ -1,0 +1,165 @@
+"""Device reports for the rollout machine, from what ingest stored.
+
+For each device of a rollout one :class:`DeviceReport` is built from its registry row
+(online, active bundle, newest health) and its newest install event, and it is kept only
+when it would change the device's record (:func:`fleet_server.rollout.reports.apply_report`
+is pure, so this is decided before stepping). Reading the current facts rather than a
+stream of changes makes the loop restart-safe: nothing is lost or counted twice between
+ticks or across fleet-server processes.
+
+The install event's payload is the agent's install report (``agent.fleetlink.link``):
+``outcome`` committed | noop | refused | failed, ``step``, ``bundle``, ``release``, ``at``,
+and ``rolled_back`` where the installer says so; the installer's journal form (``status``
+and ``target``) is read too. A failure at or after the switch is an automatic rollback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from agent.wire.messages import EVENT_INSTALL
+from fleet_server.db import store
+from fleet_server.db.store import Device, EventRecord
+from fleet_server.rollout.events import DeviceReport, InstallOutcome
+from fleet_server.rollout.reports import apply_report
+from fleet_server.rollout.state import Rollout
+
+EVENT_LOOKBACK_S = 3600.0
+"""Install events dated this long before a rollout's creation are still read (clocks)."""
+MAX_EVENTS = 10_000
+"""The most install events read per tick and rollout (the newest)."""
+
+_OUTCOMES = {
+    "running": InstallOutcome.RUNNING,
+    "committed": InstallOutcome.COMMITTED,
+    "noop": InstallOutcome.COMMITTED,
+    "failed": InstallOutcome.FAILED,
+    "refused": InstallOutcome.FAILED,
+    "rolled-back": InstallOutcome.FAILED,
+}
+_AFTER_SWITCH = frozenset({"switch", "health", "commit"})
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _count(value: Any) -> int:
+    number = _number(value)
+    return int(number) if number is not None and number >= 0 else 0
+
+
+def install_facts(
+    payload: Mapping[str, Any],
+) -> tuple[InstallOutcome | None, str | None, int | None, bool]:
+    """(outcome, bundle, release, auto_rollback) of an install report; unknown → None."""
+    raw = payload.get("outcome", payload.get("status"))
+    outcome = _OUTCOMES.get(raw) if isinstance(raw, str) else None
+    target = payload.get("target")
+    target = target if isinstance(target, dict) else {}
+    bundle = payload.get("bundle", target.get("name"))
+    release = payload.get("release", target.get("release"))
+    failed = outcome is InstallOutcome.FAILED
+    rolled = payload.get("rolled_back") is True or raw == "rolled-back"
+    auto = failed and (rolled or payload.get("step") in _AFTER_SWITCH)
+    return (
+        outcome,
+        bundle if isinstance(bundle, str) else None,
+        release if isinstance(release, int) and not isinstance(release, bool) else None,
+        auto,
+    )
+
+
+def health_facts(health: Mapping[str, Any] | None) -> tuple[int, float | None, dict[str, int]]:
+    """(worker crashes, highest p99 over models, decisions by outcome) of a health report.
+
+    ``worker_crashes`` and ``outcome_counts`` are read when the agent sends them (the
+    health message keeps fields it does not define).
+    """
+    if not health:
+        return 0, None, {}
+    latency = health.get("latency_ms")
+    p99s = [
+        p
+        for entry in (latency.values() if isinstance(latency, dict) else ())
+        if isinstance(entry, dict) and (p := _number(entry.get("p99"))) is not None
+    ]
+    counts = health.get("outcome_counts")
+    outcomes = {str(k): _count(v) for k, v in counts.items()} if isinstance(counts, dict) else {}
+    return _count(health.get("worker_crashes")), max(p99s, default=None), outcomes
+
+
+def device_report(device: Device, install: EventRecord | None, now: float) -> DeviceReport:
+    """The report of one device: its row and its newest install event.
+
+    Health figures count only when reported after that install began (before, they are
+    of the bundle it replaced).
+    """
+    outcome, bundle, release, auto = (None, None, None, False)
+    began: float | None = None
+    if install is not None:
+        outcome, bundle, release, auto = install_facts(install.payload)
+        began = _number(install.payload.get("at")) or install.ts
+    health = device.health
+    health_ts = _number(health.get("ts")) if health else None
+    if began is not None and (health_ts is None or health_ts < began):
+        health = None
+    crashes, p99, outcomes = health_facts(health)
+    return DeviceReport(
+        device_id=device.device_id,
+        now=now,
+        online=device.online,
+        active_bundle=device.active_bundle,
+        active_release=device.active_release,
+        install=outcome,
+        install_bundle=bundle,
+        install_release=release,
+        auto_rollback=auto,
+        worker_crashes=crashes,
+        p99_ms=p99,
+        outcome_counts=outcomes,
+    )
+
+
+def newest_installs(events: Iterable[EventRecord]) -> dict[str, EventRecord]:
+    """The newest install event of each device (by ``ts``, then id)."""
+    newest: dict[str, EventRecord] = {}
+    for event in events:
+        held = newest.get(event.device_id)
+        if held is None or (event.ts, event.event_id) > (held.ts, held.event_id):
+            newest[event.device_id] = event
+    return newest
+
+
+def changes(rollout: Rollout, reports: Iterable[DeviceReport]) -> list[DeviceReport]:
+    """The reports that would change their device's record in ``rollout``."""
+    out = []
+    for report in reports:
+        held = rollout.devices.get(report.device_id)
+        if held is None:
+            continue
+        after = apply_report(held, report, rollout.target, report.now)
+        if replace(after, reports=held.reports, last_report_at=held.last_report_at) != held:
+            out.append(report)
+    return out
+
+
+def collect(engine: Engine, rollout: Rollout, now: float) -> list[DeviceReport]:
+    """The reports of the rollout's devices that change something, in assignment order."""
+    wanted = set(rollout.order)
+    rows = {d.device_id: d for d in store.list_devices(engine) if d.device_id in wanted}
+    events = store.list_events(
+        engine,
+        kind=EVENT_INSTALL,
+        since=rollout.created_at - EVENT_LOOKBACK_S,
+        limit=MAX_EVENTS,
+    )
+    installs = newest_installs(e for e in events if e.device_id in wanted)
+    reports = [device_report(rows[d], installs.get(d), now) for d in rollout.order if d in rows]
+    return changes(rollout, reports)

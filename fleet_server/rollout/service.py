@@ -1,0 +1,383 @@
+"""The rollout controller's I/O shell: create, show and steer rollouts, and the
+reconciliation loop that drives the pure machine (:mod:`fleet_server.rollout.machine`).
+
+State lives in the fleet database: one ``rollouts`` row per rollout (the machine's state as
+JSON, saved compare-and-swap on ``revision``) and one ``rollout_devices`` row per selected
+device (``wave``: the 1-based wave that assigned it, 0 while unassigned). Every change is
+saved before its commands are carried out, so two fleet-server processes never both send
+what one step decided: the one whose save is refused reloads and steps again (once).
+
+Commands: :class:`AssignDirective` becomes a signed directive published retained on the
+device's directive topic, with a message expiry equal to the directive's validity;
+:class:`RevertDirective` a directive for the device's previous release (the agent takes a
+directive naming its previous slot's release as a rollback), or, when it ran nothing
+before, an empty retained payload that clears the directive; :class:`Notify` a log line
+and an event of kind ``rollout`` whose ``device_id`` is the rollout id. A command that
+fails is logged and counted; the rollout's timeouts then pause it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from agent.errors import BundleError
+from agent.wire import topics
+from agent.wire.manifest import parse_manifest
+from fleet_server.db import RolloutConflict, store
+from fleet_server.db.store import EventRecord, RolloutDevice, RolloutRecord
+from fleet_server.errors import DirectiveError
+from fleet_server.repository import KeyStore, Repository, issue_directive
+from fleet_server.repository.director import DEFAULT_EXPIRY
+from fleet_server.rollout.collect import collect, health_facts
+from fleet_server.rollout.errors import RolloutError
+from fleet_server.rollout.events import (
+    Approve,
+    AssignDirective,
+    Cancel,
+    Command,
+    Notify,
+    Operator,
+    Pause,
+    Resume,
+    RevertDirective,
+    Rollback,
+    Tick,
+)
+from fleet_server.rollout.machine import refusal, step
+from fleet_server.rollout.plan import DeviceInfo, plan
+from fleet_server.rollout.serialize import from_dict, to_dict
+from fleet_server.rollout.spec import RolloutSpec, parse_spec
+from fleet_server.rollout.state import TERMINAL, BundleRef, Phase, Rollout
+from fleet_server.rollout.view import view as _view
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes, bool, int | None], None]
+"""(topic, payload, retain, message expiry in seconds or None): hand a message to MQTT."""
+
+ACTIONS = ("pause", "resume", "approve", "cancel", "rollback")
+NOTIFY_EVENT = "rollout"
+RUNNING_PHASES = tuple(p.value for p in Phase if p not in TERMINAL)
+
+
+class RolloutNotFound(RolloutError):
+    """No rollout has this id.
+
+    Attributes:
+        rollout_id: the id asked for.
+    """
+
+    def __init__(self, rollout_id: str) -> None:
+        self.rollout_id = rollout_id
+        super().__init__("rollout_id", f"no rollout {rollout_id!r}")
+
+
+@dataclass
+class ServiceStats:
+    """Counters of one service: loop passes, saves refused (another process saved
+    first), directives published, commands and rollouts that failed."""
+
+    ticks: int = 0
+    conflicts: int = 0
+    directives: int = 0
+    command_errors: int = 0
+    tick_errors: int = 0
+
+
+class RolloutService:
+    """Rollouts over the fleet database ``engine`` and the bundle repository ``repo``.
+
+    Args:
+        keystore: holds the director key that signs directives.
+        publish: hands a message to the broker (see :data:`Publish`); may raise.
+        clock: POSIX time; the machine never reads one itself.
+        directive_expiry: validity of each directive, and the expiry of its message.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        repo: Repository,
+        keystore: KeyStore,
+        publish: Publish,
+        clock: Callable[[], float] = time.time,
+        directive_expiry: timedelta = DEFAULT_EXPIRY,
+    ) -> None:
+        if directive_expiry.total_seconds() < 1:
+            raise RolloutError("directive_expiry", f"{directive_expiry} is under one second")
+        self.engine = engine
+        self.repo = repo
+        self.keystore = keystore
+        self.publish = publish
+        self.clock = clock
+        self.directive_expiry = directive_expiry
+        self.stats = ServiceStats()
+
+    # -- operator side ----------------------------------------------------------------
+
+    def create(self, spec: Mapping[str, Any], *, rollout_id: str | None = None) -> str:
+        """Plan and store a rollout (phase ``planned``; the next tick starts it).
+
+        Raises:
+            RolloutError: an invalid spec (naming the field), NAME@VERSION not published,
+                or a selector that matches no device.
+            RolloutConflict: a rollout with ``rollout_id`` exists.
+            StorageError: the database refused the write.
+        """
+        parsed = parse_spec(spec)
+        release, budget = self._release(parsed)
+        rid = rollout_id or f"ro-{uuid.uuid4().hex[:12]}"
+        infos = []
+        for d in store.list_devices(self.engine, parsed.selector, include_revoked=False):
+            active = None
+            if d.active_bundle is not None and d.active_release is not None:
+                active = BundleRef(d.active_bundle, d.active_release)
+            _, p99, outcomes = health_facts(d.health)
+            labels = {**d.labels, store.PROFILE_KEY: d.profile}
+            infos.append(DeviceInfo(d.device_id, labels, d.online, active, p99, outcomes))
+        now = self.clock()
+        rollout = plan(rid, parsed, release, infos, now, budget)
+        with store.write_transaction(self.engine) as conn:
+            store.save_rollout(conn, _record(rollout, 0), now=now)
+            store.set_rollout_devices(conn, rid, _device_rows(rollout, None), now=now)
+        log.info(
+            "rollout %s: %s@%s (release %d) to %d devices in waves %s",
+            rid, parsed.bundle, parsed.version, release, len(rollout.devices),
+            [w.target for w in rollout.waves],
+        )  # fmt: skip
+        return rid
+
+    def get(self, rollout_id: str) -> dict[str, Any]:
+        """The rollout: phase, wave, reason, gate metrics, history and every device.
+
+        Raises:
+            RolloutNotFound: no such rollout.
+        """
+        record, rollout = self._load(rollout_id)
+        return _view(record, rollout, full=True)
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """Every rollout, oldest first, without devices and history."""
+        return [
+            _view(rec, from_dict(rec.controller_state), full=False)
+            for rec in store.list_rollouts(self.engine)
+        ]
+
+    def act(
+        self, rollout_id: str, action: str, reason: str = "", *, by: str = ""
+    ) -> dict[str, Any]:
+        """Apply an operator action (one of :data:`ACTIONS`); returns :meth:`get`'s view.
+
+        Raises:
+            RolloutNotFound: no such rollout.
+            RolloutError: an unknown action, or one the rollout's phase does not accept
+                (nothing changes).
+            RolloutConflict: saved by someone else twice in a row.
+        """
+        if action not in ACTIONS:
+            raise RolloutError("action", f"{action!r} is not one of {', '.join(ACTIONS)}")
+        for attempt in range(2):
+            record, rollout = self._load(rollout_id)
+            now = self.clock()
+            event = _operator(action, now, reason, by)
+            why = refusal(rollout, event)
+            if why is not None:
+                raise RolloutError("action", why)
+            new, commands = step(rollout, event)
+            try:
+                saved = self._save(record, rollout, new, now)
+            except RolloutConflict:
+                self.stats.conflicts += 1
+                if attempt:
+                    raise
+                continue
+            self._execute(saved, commands, now)
+            return _view(saved, new, full=True)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the reconciliation loop ------------------------------------------------------
+
+    def tick(self) -> int:
+        """One pass: every running rollout gets its devices' changed reports and a Tick;
+        returns how many rollouts changed. A rollout that fails is logged and counted,
+        the others go on."""
+        now = self.clock()
+        self.stats.ticks += 1
+        changed = 0
+        for record in store.list_rollouts(self.engine, states=RUNNING_PHASES):
+            try:
+                changed += self._tick_one(record.rollout_id, now)
+            except Exception:
+                self.stats.tick_errors += 1
+                log.exception("rollout %s: tick failed", record.rollout_id)
+        return changed
+
+    def run(self, stop: threading.Event, tick_s: float = 5.0) -> None:
+        """Call :meth:`tick` every ``tick_s`` until ``stop`` is set."""
+        if tick_s <= 0:
+            raise RolloutError("tick_s", f"{tick_s} is not a positive number of seconds")
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:
+                self.stats.tick_errors += 1
+                log.exception("rollout loop: tick failed")
+            stop.wait(max(0.0, tick_s - (time.monotonic() - started)))
+
+    def _tick_one(self, rollout_id: str, now: float) -> int:
+        for attempt in range(2):
+            record, rollout = self._load(rollout_id)
+            if rollout.phase in TERMINAL:
+                return 0
+            new, commands = rollout, []
+            for report in collect(self.engine, rollout, now):
+                new, more = step(new, report)
+                commands += more
+            new, more = step(new, Tick(now))
+            commands += more
+            if not commands and replace(new, clock=rollout.clock) == rollout:
+                return 0
+            try:
+                saved = self._save(record, rollout, new, now)
+            except RolloutConflict:
+                self.stats.conflicts += 1
+                if attempt:
+                    raise
+                log.info("rollout %s: saved elsewhere meanwhile; stepping again", rollout_id)
+                continue
+            self._execute(saved, commands, now)
+            return 1
+        return 0  # pragma: no cover
+
+    # -- storage and commands ---------------------------------------------------------
+
+    def _load(self, rollout_id: str) -> tuple[RolloutRecord, Rollout]:
+        record = store.load_rollout(self.engine, rollout_id)
+        if record is None:
+            raise RolloutNotFound(rollout_id)
+        return record, from_dict(record.controller_state)
+
+    def _save(self, record: RolloutRecord, old: Rollout, new: Rollout, now: float) -> RolloutRecord:
+        with store.write_transaction(self.engine) as conn:
+            saved = store.save_rollout(conn, _record(new, record.revision), now=now)
+            store.set_rollout_devices(conn, new.rollout_id, _device_rows(new, old), now=now)
+        return saved
+
+    def _release(self, spec: RolloutSpec) -> tuple[int, float]:
+        """The release of ``spec``'s NAME@VERSION and its manifest's latency budget."""
+        found = [b for b in self.repo.bundles(spec.bundle) if b.version == spec.version]
+        if not found:
+            have = ", ".join(b.version for b in self.repo.bundles(spec.bundle)) or "none"
+            raise RolloutError(
+                "bundle", f"{spec.bundle}@{spec.version} is not published (versions: {have})"
+            )
+        bundle = max(found, key=lambda b: b.release)
+        (manifest,) = [f for f in bundle.files if f.file == "manifest.json"]
+        parent, _, base = manifest.target.rpartition("/")
+        path = self.repo.targets_dir / parent / f"{manifest.sha256}.{base}"
+        try:
+            budget = parse_manifest(path.read_bytes(), str(path)).latency_budget_ms
+        except (OSError, BundleError) as exc:
+            raise RolloutError("bundle", f"cannot read the manifest of {bundle.name} "
+                               f"release {bundle.release}: {exc}") from exc  # fmt: skip
+        return bundle.release, budget
+
+    def _execute(self, record: RolloutRecord, commands: builtins.list[Command], now: float) -> None:
+        notes: builtins.list[EventRecord] = []
+        for i, command in enumerate(commands):
+            try:
+                if isinstance(command, Notify):
+                    log.info(
+                        "rollout %s [%s, wave %d] %s: %s", record.rollout_id, command.phase,
+                        command.wave, command.kind, command.message,
+                    )  # fmt: skip
+                    notes.append(_note(record, i, now, command))
+                elif isinstance(command, AssignDirective):
+                    self._direct(command.device_id, command.bundle, command.release)
+                elif isinstance(command, RevertDirective) and (
+                    command.bundle is None or command.release is None
+                ):
+                    self.publish(topics.directive(command.device_id), b"", True, None)
+                else:
+                    self._direct(command.device_id, command.bundle, command.release)
+            except Exception as exc:
+                self.stats.command_errors += 1
+                log.exception("rollout %s: %s failed", record.rollout_id, command)
+                failed = Notify("command_failed", record.state, 0, f"{command}: {exc}")
+                notes.append(_note(record, i, now, failed))
+        if notes:
+            store.insert_events(self.engine, notes)
+
+    def _direct(self, device_id: str, bundle: str, release: int) -> None:
+        device = store.get_device(self.engine, device_id)
+        if device is None:
+            raise DirectiveError(device_id, "not registered")
+        payload = issue_directive(
+            self.repo, self.keystore, device_id, device.profile, bundle, release,
+            expires_in=self.directive_expiry,
+        )  # fmt: skip
+        expiry = int(self.directive_expiry.total_seconds())
+        self.publish(topics.directive(device_id), payload, True, expiry)
+        self.stats.directives += 1
+        log.info(
+            "directive: %s %s release %d (expires in %d s)", device_id, bundle, release, expiry
+        )
+
+
+def _operator(action: str, now: float, reason: str, by: str) -> Operator:
+    if action == "pause":
+        return Pause(now, reason)
+    if action == "resume":
+        return Resume(now)
+    if action == "approve":
+        return Approve(now, by)
+    if action == "cancel":
+        return Cancel(now, reason)
+    return Rollback(now, reason)
+
+
+def _record(rollout: Rollout, revision: int) -> RolloutRecord:
+    spec = rollout.spec
+    return RolloutRecord(
+        rollout_id=rollout.rollout_id,
+        bundle=rollout.target.name,
+        release=rollout.target.release,
+        version=spec.version,
+        selector=dict(spec.selector),
+        waves=list(spec.waves),
+        soak_s=float(spec.soak_s),
+        policy=spec.policy.model_dump(mode="json"),
+        state=rollout.phase.value,
+        controller_state=to_dict(rollout),
+        revision=revision,
+    )
+
+
+def _device_rows(new: Rollout, old: Rollout | None) -> builtins.list[RolloutDevice]:
+    """Rows of the devices whose status or wave changed (all when ``old`` is None)."""
+    rows = []
+    for device_id, d in new.devices.items():
+        before = old.devices.get(device_id) if old is not None else None
+        if before is None or (before.status, before.wave) != (d.status, d.wave):
+            wave = 0 if d.wave is None else d.wave + 1
+            rows.append(RolloutDevice(device_id, wave, d.status.value))
+    return rows
+
+
+def _note(record: RolloutRecord, index: int, now: float, note: Notify) -> EventRecord:
+    payload = {"rollout_id": record.rollout_id, "kind": note.kind, "phase": note.phase,
+               "wave": note.wave, "message": note.message}  # fmt: skip
+    event_id = f"{record.rollout_id}:{record.revision}:{index}"
+    return EventRecord(record.rollout_id, event_id, now, NOTIFY_EVENT, payload)

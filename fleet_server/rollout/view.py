@@ -1,0 +1,61 @@
+"""A rollout as the operator sees it: plain JSON-ready data for the CLI and the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_server.db.store import RolloutRecord
+from fleet_server.rollout.state import BundleRef, Rollout
+
+
+def _ref(ref: BundleRef | None) -> dict[str, Any] | None:
+    return None if ref is None else {"name": ref.name, "release": ref.release}
+
+
+def view(record: RolloutRecord, r: Rollout, *, full: bool) -> dict[str, Any]:
+    """Phase, wave, reason, gate metrics and counts; with ``full`` also every device (in
+    assignment order), each wave's metrics and the phase history."""
+    counts: dict[str, int] = {}
+    for d in r.devices.values():
+        counts[d.status.value] = counts.get(d.status.value, 0) + 1
+    view: dict[str, Any] = {
+        "rollout_id": r.rollout_id,
+        "bundle": r.target.name,
+        "version": r.spec.version,
+        "release": r.target.release,
+        "selector": dict(r.spec.selector),
+        "waves": list(r.spec.waves),
+        "wave_targets": [w.target for w in r.waves],
+        "soak_s": r.spec.soak_s,
+        "phase": r.phase.value,
+        "wave": r.wave + 1,
+        "reason": r.reason,
+        "since": r.since,
+        "deadline": r.deadline,
+        "gate": dict(r.gate),
+        "failed_devices": list(r.failed_devices),
+        "counts": counts,
+        "revision": record.revision,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+    }
+    if full:
+        view["devices"] = [
+            {
+                "device_id": d.device_id,
+                "status": d.status.value,
+                "wave": None if d.wave is None else d.wave + 1,
+                "online": d.online,
+                "active": _ref(d.active),
+                "previous": _ref(d.previous),
+                "p99_ms": d.p99_ms,
+                "worker_crashes": d.worker_crashes,
+            }
+            for d in (r.devices[i] for i in r.order)
+        ]
+        view["wave_metrics"] = [dict(w.metrics) for w in r.waves]
+        view["history"] = [
+            {"at": t.at, "phase": t.phase.value, "wave": t.wave, "reason": t.reason}
+            for t in r.history
+        ]
+    return view
