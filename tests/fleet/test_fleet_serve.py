@@ -124,7 +124,7 @@ def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
 ) -> None:
     proc, url, mqtt, state = served
     health = wait_healthy(url, proc, tmp_path / "serve.log")
-    assert health == {"status": "ok", "database": True, "broker": True, "rollouts": False}
+    assert health == {"status": "ok", "database": True, "broker": True, "rollouts": True}
 
     # a device enrolls over the API and reaches the broker with what it got
     token = http("POST", f"{url}/api/v1/devices/cam-1/tokens", {}, token=OPERATOR_TOKEN)
@@ -282,3 +282,64 @@ def test_rollout_endpoints_answer_503_until_a_rollout_service_is_attached(
         assert answer.status == 503
         assert "rollout service" in answer.body["detail"]
         assert http("GET", server.url + "/healthz").body["rollouts"] is False
+
+
+def test_an_enrolled_agent_reports_state_heartbeats_and_decisions_to_the_fleet(
+    served: tuple[subprocess.Popen[bytes], str, int, Path], tmp_path: Path
+) -> None:
+    from tests.installer.installer_helpers import make_bundle
+
+    proc, url, _mqtt, _state = served
+    wait_healthy(url, proc, tmp_path / "serve.log")
+    token = http(
+        "POST",
+        f"{url}/api/v1/devices/gw-1/tokens",
+        {"labels": {"line": "3"}, "profile": "x86-gateway"},
+        token=OPERATOR_TOKEN,
+    ).body["token"]
+    bundle = make_bundle(tmp_path, name="cls", version="1.0.0", release=1)
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    config = agent_dir / "agent.toml"
+    config.write_text(
+        '[agent]\ndevice_id = "gw-1"\nstate_dir = "state"\nprofile = "x86-gateway"\n'
+        "[runtime]\nworkers = 1\npin = false\n[http]\nport = 0\n"
+        "[uplink]\nenabled = true\nheartbeat_interval_s = 0.5\nhealth_interval_s = 1.0\n"
+        "decisions_interval_s = 0.5\n"
+        '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 20\n'
+        f'[[pipelines]]\nname = "p"\nsource = "c1"\nbundle = "{bundle.path}"\n'
+    )
+    agent_bin = str(Path(sys.executable).parent / "edge-agent")
+    enrolled = subprocess.run(
+        [agent_bin, "enroll", url, "--token", "-", "--config", str(config)],
+        input=token,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert enrolled.returncode == 0, enrolled.stderr
+    ran = subprocess.run(
+        [agent_bin, "run", "--config", str(config), "--duration", "6"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    device = http("GET", f"{url}/api/v1/devices/gw-1", token=OPERATOR_TOKEN).body
+    assert device["agent_version"]
+    assert device["labels"] == {"line": "3"}
+    assert device["online"] is False  # it stopped: its will (or goodbye) says offline
+    telemetry = http("GET", f"{url}/api/v1/devices/gw-1/telemetry", token=OPERATOR_TOKEN).body
+    assert telemetry["heartbeats"], telemetry
+    assert telemetry["health"] is not None
+    db = agent_dir / "state" / "decisions.db"
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        uploaded = con.execute("SELECT count(*) FROM decisions WHERE uploaded = 1").fetchone()[0]
+    finally:
+        con.close()
+    assert uploaded > 0, "no decision was acknowledged by the fleet"
