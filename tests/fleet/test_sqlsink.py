@@ -257,8 +257,11 @@ def _stored(db: Engine, prefix: str) -> int:
 
 
 def test_two_workers_on_one_shared_subscription_store_each_record_once(
-    db: Engine, mosquitto: Broker
+    db: Engine, own_mosquitto: Broker
 ) -> None:
+    # A broker of this test's own: retained messages other tests left on the session
+    # broker (install reports, states) would be stored too and skew the counts.
+    mosquitto = own_mosquitto
     prefix = f"s{uuid.uuid4().hex[:6]}"
     ids = [f"{prefix}-{i:03d}" for i in range(40)]
     for device_id in ids:
@@ -311,7 +314,8 @@ def test_two_workers_on_one_shared_subscription_store_each_record_once(
     assert device.health is not None
 
 
-def test_bench_reports_sql_ingest_throughput_per_worker(db: Engine, mosquitto: Broker) -> None:
+def test_bench_reports_sql_ingest_throughput_per_worker(db: Engine, own_mosquitto: Broker) -> None:
+    mosquitto = own_mosquitto  # no retained messages from other tests
     result = bench_sql_ingest(mosquitto.host, mosquitto.port, db, devices=200, rounds=10)
     print(
         f"\nSQL ingest ({result.backend}): {result.msgs_per_s_per_worker:.0f} msgs/s per worker "
