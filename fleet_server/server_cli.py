@@ -21,7 +21,7 @@ from agent.errors import AgentError
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
 from fleet_server.errors import FleetError
 from fleet_server.serve import FleetServer, ServiceFactory
-from fleet_server.services import IngestService, RolloutRunner
+from fleet_server.services import FileService, IngestService, RolloutRunner
 
 EXIT_ERROR = 2
 EXIT_PART_DIED = 1
@@ -39,7 +39,7 @@ def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     """The services ``serve`` starts with the server: the ingest workers and the rollout
     service (which also answers the API's rollout endpoints)."""
     del config
-    return [IngestService, RolloutRunner]
+    return [IngestService, FileService, RolloutRunner]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import uuid
 
@@ -15,6 +16,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from fleet_server.api.context import ServerContext
+from fleet_server.distribution.file_server import MqttFileServer
 from fleet_server.errors import FleetError
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.ingest.worker import IngestWorker
@@ -55,6 +57,34 @@ class MqttPublisher:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+def _tls(ctx: ServerContext) -> ssl.SSLContext:
+    b = ctx.broker
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(b.ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(b.cert_file), str(b.key_file))
+    return context
+
+
+class FileService:
+    """Serves the bundle repository to devices over MQTT (bundle fetches)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        b = ctx.broker
+        self.server = MqttFileServer(
+            ctx.repository.path,
+            b.host,
+            b.port,
+            tls_context=_tls(ctx),
+            client_id=f"fleet-files-{socket.gethostname()}",
+        )
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 class IngestService:

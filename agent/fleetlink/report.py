@@ -43,8 +43,8 @@ def reported_state(agent: Agent, labels: dict[str, str]) -> dict[str, Any]:
 
 
 def agent_health(agent: Agent) -> dict[str, Any]:
-    """The agent's part of a ``Health`` report: fps and drops per camera, latency
-    percentiles and queue depth per model (the worker pool's histograms)."""
+    """The agent's part of a ``Health`` report: fps and drops per camera, inference
+    latency percentiles and queue depth per model (the worker pool's histograms)."""
     fps: dict[str, float] = {}
     drops: dict[str, int] = {}
     for name, cam in agent.cameras.items():
@@ -56,7 +56,7 @@ def agent_health(agent: Agent) -> dict[str, Any]:
     pool = agent.pool
     if pool is not None:
         for model, snap in pool.stats()["models"].items():
-            total = snap["stages"]["total"]
+            total = snap["stages"]["inference"]  # the model, as its latency budget means
             latency[model] = {
                 "p50": total.get("p50_ms", 0.0),
                 "p95": total.get("p95_ms", 0.0),

@@ -137,6 +137,9 @@ class UpdateService:
         client.subscribe(topics.directive(self.device_id), qos=1)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        if not msg.payload:  # the fleet cleared the retained directive: nothing to do
+            log.info("directive cleared on %s", msg.topic)
+            return
         with self._lock:
             self._pending = bytes(msg.payload)  # only the newest directive matters
         self._wake.set()
