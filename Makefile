@@ -60,10 +60,11 @@ test: sysdeps $(STAMP) $(MODELS) lint typecheck
 BENCH_MODEL := .cache/models/ppocr_mobile_v2_cls.onnx --input-shape 1x3x48x192
 DEMO := .cache/demo
 
-# The agent on a looped conveyor video with PP-OCRv4 text detection -> text direction
-# on each detected label, a Mosquitto on loopback for the robot topic, decisions live.
+# fleet-server with its Mosquitto, two enrolled agents on looped conveyor videos
+# (PP-OCRv4 text detection -> text direction on each label), and a signed model rolled
+# out to them in waves, every step printed. scripts/demo.py is the one-agent version.
 demo: sysdeps $(STAMP) $(MODELS)
-	$(PY) scripts/demo.py --dir $(DEMO) --duration 20
+	$(PY) scripts/demo_fleet.py --dir $(DEMO)
 
 # The README's tables: runtime targets (median of 5 rounds), the agent's hot path at 60 %
 # of capacity against the bare runtime, and the decision-log writer against raw executemany.

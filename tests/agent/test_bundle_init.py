@@ -53,7 +53,9 @@ def bare_outputs(bundle: Bundle, tensor: np.ndarray) -> list[np.ndarray]:
 
 
 def pool_outputs(bundle: Bundle, image: np.ndarray) -> list[np.ndarray]:
-    with WorkerPool([bundle.model_config()], PoolConfig(workers=1, pin=False)) as pool:
+    with WorkerPool(
+        [bundle.model_config()], PoolConfig(workers=1, pin=False, heartbeat_timeout_s=30)
+    ) as pool:
         return pool.infer(bundle.manifest.name, frame=image, timeout_s=30)
 
 
@@ -149,7 +151,7 @@ def test_tflite_bundle_runs_in_the_pool_like_the_bare_backend(tmp_path: Path) ->
     assert (config.name, config.backend, config.queue_bound) == ("tiny", "litert", 2)
     image = frame(40, 50, seed=3)
     expected = bare_outputs(bundle, reference_input(bundle, image))
-    with WorkerPool([config], PoolConfig(workers=1, pin=False)) as pool:
+    with WorkerPool([config], PoolConfig(workers=1, pin=False, heartbeat_timeout_s=30)) as pool:
         got = pool.infer("tiny", frame=image, timeout_s=30)
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-5)
 

@@ -238,7 +238,9 @@ def test_real_text_detector_finds_drawn_text_through_a_bundle_and_the_pool(
     dump_manifest(manifest, out)
     bundle = load_bundle(out)
     image, (tx1, ty1, tx2, ty2) = text_image()
-    with WorkerPool([bundle.model_config()], PoolConfig(workers=1, pin=False)) as pool:
+    with WorkerPool(
+        [bundle.model_config()], PoolConfig(workers=1, pin=False, heartbeat_timeout_s=30)
+    ) as pool:
         names = [o.name for o in pool.info(bundle.manifest.name).outputs]
         outputs = pool.infer(bundle.manifest.name, frame=image, timeout_s=60)
     post = build_postprocessor(bundle.manifest.postprocess, names)
