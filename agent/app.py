@@ -95,6 +95,9 @@ class Agent:
         self.uplink: Uplink | None = None
         self._loaded: dict[str, list[Path]] = {}
         self._reload_lock = threading.Lock()
+        self.outcome_counts: dict[str, int] = {}
+        """Decisions by outcome since the bundles were last (re)loaded, for the fleet's
+        outcome-shift gate."""
         self._stop = threading.Event()
         self._stats_thread: threading.Thread | None = None
         self.started_at = 0.0
@@ -205,6 +208,7 @@ class Agent:
                 r.join(2.0)
             self.runners = []
             self._loaded = {}
+            self.outcome_counts = {}
             if self.pool is not None:
                 self.pool.close()
                 self.pool = None
@@ -333,6 +337,7 @@ class Agent:
     # -- the decision sink -----------------------------------------------------------
     def _emit(self, d: Decision) -> None:
         rec = d.record
+        self.outcome_counts[rec.outcome] = self.outcome_counts.get(rec.outcome, 0) + 1
         decision_id = self.log.append(rec)
         e2e_s = (time.perf_counter_ns() - d.t_capture_ns) / 1e9
         self.dispatcher.dispatch(

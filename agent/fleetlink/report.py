@@ -44,7 +44,8 @@ def reported_state(agent: Agent, labels: dict[str, str]) -> dict[str, Any]:
 
 def agent_health(agent: Agent) -> dict[str, Any]:
     """The agent's part of a ``Health`` report: fps and drops per camera, inference
-    latency percentiles and queue depth per model (the worker pool's histograms)."""
+    latency percentiles and queue depth per model (the worker pool's histograms), worker
+    restarts and decisions by outcome since the bundles were loaded."""
     fps: dict[str, float] = {}
     drops: dict[str, int] = {}
     for name, cam in agent.cameras.items():
@@ -64,4 +65,12 @@ def agent_health(agent: Agent) -> dict[str, Any]:
                 "count": int(total.get("count", 0)),
             }
             queues[model] = pool.queued(model)
-    return {"fps": fps, "drops": drops, "latency_ms": latency, "queue_depth": queues}
+    return {
+        "fps": fps,
+        "drops": drops,
+        "latency_ms": latency,
+        "queue_depth": queues,
+        # read by the fleet's rollout gates (the health message keeps extra fields)
+        "worker_crashes": pool.restarts() if pool is not None else 0,
+        "outcome_counts": dict(agent.outcome_counts),
+    }

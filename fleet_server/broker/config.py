@@ -79,7 +79,11 @@ class MosquittoConfig(Section):
         20, ge=1, le=65535, description="QoS 1/2 messages in flight to one client."
     )
     max_queued_messages: int = Field(
-        1000, ge=1, description="QoS 1/2 messages queued for one client beyond those in flight."
+        100_000,
+        ge=1,
+        description="QoS 1/2 messages queued for one client beyond those in flight. The "
+        "ingest's shared subscription must absorb a fleet's burst while a worker catches "
+        "up (Mosquitto's default of 1000 dropped heartbeats at 1,000 devices).",
     )
     max_keepalive: int = Field(
         300, ge=10, le=65535, description="Longest keepalive (s) granted to MQTT 5 clients."
