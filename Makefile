@@ -67,13 +67,15 @@ demo: sysdeps $(STAMP) $(MODELS)
 	$(PY) scripts/demo_fleet.py --dir $(DEMO)
 
 # The README's tables: runtime targets (median of 5 rounds), the agent's hot path at 60 %
-# of capacity against the bare runtime, and the decision-log writer against raw executemany.
+# of capacity against the bare runtime, the decision-log writer against raw executemany,
+# and a fleet of 1,000 TLS agents under a rollout.
 bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-runtime targets $(BENCH_MODEL) --rounds 5 --duration 3 --json .cache/bench.json
 	$(PY) scripts/demo.py --dir $(DEMO) --prepare-only
 	$(VENV)/bin/edge-agent bench --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --duration 20 --load 0.6 --json .cache/bench-agent.json
 	$(VENV)/bin/edge-agent bench-log --rows 200000 --json .cache/bench-log.json
+	$(PY) -m fleet_server.bench_fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache
