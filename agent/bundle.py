@@ -8,13 +8,12 @@ SHA-256 before anything runs it.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.durable import copy_durable, fsync_dir, hash_file
 from agent.errors import BundleError
 from agent.wire.manifest import (
     KNOWN_FORMATS,
@@ -23,7 +22,6 @@ from agent.wire.manifest import (
     BundleManifest,
     ModelVariant,
     dump_manifest,
-    fsync_dir,
     parse_manifest,
     read_manifest_bytes,
     validate_manifest,
@@ -33,23 +31,11 @@ from runtime.backends.base import Backend
 from runtime.config import ModelConfig
 from runtime.errors import EdgeRuntimeError
 
-_CHUNK = 1 << 20
 _DIGEST_DOMAIN = b"edgefleet-bundle-digest-v1\x00"
 
 # Manifest format -> runtime backend key, and back.
 FORMAT_BACKEND = {"onnx": "onnx", "tflite": "litert"}
 _BACKEND_FORMAT = {v: k for k, v in FORMAT_BACKEND.items()}
-
-
-def _hash_file(path: Path) -> tuple[str, int]:
-    """(sha256 hex, size) of a file, read in chunks."""
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
 
 
 def _verified(root: Path, key: str, variant: ModelVariant) -> tuple[Path, str]:
@@ -68,7 +54,7 @@ def _verified(root: Path, key: str, variant: ModelVariant) -> tuple[Path, str]:
     if not real.is_file():
         raise BundleError(str(path), f"models.{key}.file: not a regular file")
     try:
-        digest, size = _hash_file(real)
+        digest, size = hash_file(real)
     except OSError as exc:
         raise BundleError(str(path), f"cannot read: {exc.strerror or exc}") from exc
     if size != variant.size:
@@ -307,27 +293,6 @@ def _read_model(
             backend.close()
 
 
-def _copy_durable(src: Path, dst: Path) -> tuple[str, int]:
-    """Copy ``src`` to ``dst`` via a synced temp file; return the copy's (sha256, size)."""
-    h = hashlib.sha256()
-    size = 0
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, src.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(dst.parent)
-    return h.hexdigest(), size
-
-
 def init_bundle(
     model: Path,
     out: Path,
@@ -358,7 +323,7 @@ def init_bundle(
     if spec.dtype.kind not in "fiu":
         raise BundleError(str(model), f"input '{spec.name}' is {dtype}, not an image type")
     is_float = spec.dtype.kind == "f"
-    sha, size = _hash_file(model)
+    sha, size = hash_file(model)
     raw: dict[str, Any] = {
         "schema_version": 1,
         "name": name if name is not None else _slugify(model.stem),
@@ -387,7 +352,7 @@ def init_bundle(
     try:
         out.mkdir(parents=True, exist_ok=True)
         fsync_dir(out.parent)
-        copied_sha, _ = _copy_durable(model, out / model.name)
+        copied_sha, _ = copy_durable(model, out / model.name)
     except OSError as exc:
         raise BundleError(str(out), f"cannot write the bundle: {exc.strerror or exc}") from exc
     if copied_sha != sha:

@@ -41,13 +41,13 @@ from cryptography.hazmat.primitives.serialization import (
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import Field, ValidationError
 
+from agent.durable import fsync_dir, write_durable
 from agent.errors import AgentError, ConfigError
 from agent.update.errors import TrustRootError
 from agent.update.trust import ROOT_FILE, check_root
 from agent.wire import topics
 from agent.wire.base import WireModel
 from agent.wire.enroll import ENROLL_PATH, EnrollRequest, EnrollResponse
-from agent.wire.manifest import fsync_dir, write_durable
 from agent.wire.messages import error_text
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from agent.durable import fsync_dir
 from agent.errors import DecisionLogError
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def move_aside(path: Path) -> Path:
             src = Path(f"{path}{suffix}")
             if src.exists():
                 os.replace(src, f"{target}{suffix}")
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:
         raise DecisionLogError(f"can't move corrupt decision log {path} aside: {e}") from e
     _prune(path)
@@ -109,11 +110,3 @@ def _stamp() -> str:
     """UTC time to the microsecond, e.g. 20261121T100000.123456Z: names sort by time."""
     now = time.time()
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1e6) % 1_000_000:06d}Z"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

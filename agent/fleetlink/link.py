@@ -14,6 +14,7 @@ from typing import Any
 
 from tuf.ngclient.fetcher import FetcherInterface
 
+from agent.durable import write_durable
 from agent.errors import AgentError
 from agent.fleetlink.config import FleetConfig
 from agent.installer import Installer, InstallError
@@ -21,7 +22,6 @@ from agent.update.client import Assignment, BundleClient
 from agent.update.errors import UpdateError
 from agent.update.timefloor import TimeFloor
 from agent.update.trust import ROOT_FILE, check_root
-from agent.wire.manifest import write_durable
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.bundle import Bundle, load_bundle
+from agent.durable import fsync_dir
 from agent.errors import BundleError
 from agent.installer.errors import InstallError
 from agent.installer.machine import BundleId, Step
-from agent.wire.manifest import MANIFEST_NAME, fsync_dir
+from agent.wire.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,11 @@ from tuf.api.exceptions import DownloadError, RepositoryError
 from tuf.api.metadata import TargetFile  # type: ignore[attr-defined, unused-ignore]
 from tuf.ngclient.updater import Updater
 
+from agent.durable import fsync_dir
 from agent.errors import BundleError
 from agent.update.directive import bundle_target
 from agent.update.errors import BundleRejected, FetchFailed, MetadataRejected, StagingFailed
-from agent.wire.manifest import MANIFEST_NAME, fsync_dir, parse_manifest
+from agent.wire.manifest import MANIFEST_NAME, parse_manifest
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
 from tuf.api.metadata import Metadata, Root  # type: ignore[attr-defined, unused-ignore]
 
+from agent.durable import fsync_dir, write_durable
 from agent.update.directive import duplicate_keys
 from agent.update.errors import TrustRootError
-from agent.wire.manifest import fsync_dir, write_durable
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,7 @@ An incompatible change raises :data:`SCHEMA_VERSION`; a manifest with a higher
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from agent.durable import write_durable
 from agent.errors import BundleError
 from agent.wire.base import ProfileName, WireModel, slug
 from agent.wire.postprocess import (
@@ -373,31 +372,6 @@ def manifest_bytes(manifest: BundleManifest) -> bytes:
     return (_to_json(manifest.model_dump(mode="json")) + "\n").encode("utf-8")
 
 
-def write_durable(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path``: temp file in the same directory, fsync, replace, fsync dir."""
-    directory = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(directory)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or a new file in ``directory`` durable."""
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def dump_manifest(manifest: BundleManifest, bundle_dir: Path) -> Path:
     """Write ``manifest`` durably as ``<bundle_dir>/manifest.json``; return its path.
 
@@ -429,11 +403,9 @@ __all__ = [
     "ScorePost",
     "TensorInfo",
     "dump_manifest",
-    "fsync_dir",
     "load_manifest",
     "manifest_bytes",
     "parse_manifest",
     "read_manifest_bytes",
     "validate_manifest",
-    "write_durable",
 ]

@@ -1,80 +1,23 @@
-"""Durable file writes: temp file in the same directory, fsync, ``os.replace``, fsync dir."""
+"""The fleet's durable writes: :mod:`agent.durable` with 0644 files by default (what
+the repository, CA and broker publish is public; their private keys pass 0600)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 from pathlib import Path
 
-_CHUNK = 1 << 20
+from agent import durable
+from agent.durable import fsync_dir, hash_file, make_dirs
+
+__all__ = ["copy_durable", "fsync_dir", "hash_file", "make_dirs", "write_durable"]
+
+PUBLIC = 0o644
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or a new entry in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def write_durable(path: Path, data: bytes, mode: int = PUBLIC) -> None:
+    """:func:`agent.durable.write_durable`, 0644 unless told otherwise."""
+    durable.write_durable(path, data, mode)
 
 
-def make_dirs(directory: Path, mode: int = 0o755) -> None:
-    """Create ``directory`` and missing parents, each new entry made durable."""
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    for path in reversed(missing):
-        path.mkdir(mode=mode, exist_ok=True)
-        fsync_dir(path.parent)
-
-
-def write_durable(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` with permission bits ``mode``, replacing it atomically."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def copy_durable(src: Path, dst: Path, mode: int = 0o644) -> tuple[str, int]:
-    """Copy ``src`` to ``dst`` atomically and durably; return the copy's (sha256, size)."""
-    h = hashlib.sha256()
-    size = 0
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, src.open("rb") as f:
-            os.fchmod(out.fileno(), mode)
-            while chunk := f.read(_CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(dst.parent)
-    return h.hexdigest(), size
-
-
-def hash_file(path: Path) -> tuple[str, int]:
-    """(sha256 hex, size) of a file, read in chunks."""
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+def copy_durable(src: Path, dst: Path, mode: int = PUBLIC) -> tuple[str, int]:
+    """:func:`agent.durable.copy_durable`, 0644 unless told otherwise."""
+    return durable.copy_durable(src, dst, mode)
