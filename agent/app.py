@@ -163,18 +163,24 @@ class Agent:
             self.problems.append(Problem("uplink", "not enrolled: run edge-agent enroll"))
             return
         labels = dict(self.identity.labels)
-        self.uplink = Uplink(
-            self.config.agent.device_id,
-            self.identity,
-            cfg,
-            state=lambda: reported_state(self, labels),
-            health=lambda: agent_health(self),
-            decision_log=self.log,
-            sysinfo=SysInfo(
-                self.state_dir,
-                pids=lambda: [p for p in (self.pool.worker_pids() if self.pool else []) if p],
-            ),
-        )
+        try:
+            self.uplink = Uplink(
+                self.config.agent.device_id,
+                self.identity,
+                cfg,
+                state=lambda: reported_state(self, labels),
+                health=lambda: agent_health(self),
+                decision_log=self.log,
+                sysinfo=SysInfo(
+                    self.state_dir,
+                    pids=lambda: [p for p in (self.pool.worker_pids() if self.pool else []) if p],
+                ),
+                state_dir=self.state_dir,
+                on_alarm=self._count_alarm,
+            )
+        except AgentError as e:
+            self.problems.append(Problem("uplink", str(e)))
+            return
         self.uplink.start()
 
     def _install_report(self, report: dict[str, Any]) -> None:
@@ -385,8 +391,19 @@ class Agent:
         self.metrics.camera_up.labels(camera=name).set(1 if up else 0)
 
     def _alarm(self, kind: str, message: str) -> None:
-        self.metrics.alarms.labels(kind=kind).inc()
+        """An alarm of a part (the decision log): counted, logged, and reported to the
+        fleet as an ``alarm`` event through the outbox (in order, also when offline)."""
+        self._count_alarm(kind, message)
         log.error("alarm %s: %s", kind, message)
+        uplink = self.uplink
+        if uplink is not None:
+            try:
+                uplink.event("alarm", {"alarm": kind, "message": message})
+            except AgentError as e:
+                log.error("alarm %s not queued for the fleet: %s", kind, e)  # noqa: TRY400
+
+    def _count_alarm(self, kind: str, _message: str) -> None:
+        self.metrics.alarms.labels(kind=kind).inc()
 
     # -- status ----------------------------------------------------------------------
     def _stats_loop(self) -> None:
@@ -410,6 +427,8 @@ class Agent:
             m.set_counter(m.sensor_readings, int(st.get("readings", 0)), sensor=name)
             m.set_counter(m.sensor_bad_readings, int(st.get("bad_readings", 0)), sensor=name)
         m.update_decision_log(self.log.stats())
+        if self.uplink is not None:
+            m.update_uplink(self.uplink.stats())
         if self.pool is not None:
             for info in self.pool.models:
                 m.queue_depth.labels(queue=info.name).set(self.pool.queued(info.name))
@@ -426,6 +445,16 @@ class Agent:
             last = self.updates.reports[-1] if self.updates.reports else None
             details["last_install"] = last
             details["stale"] = bool(last and last.get("stale"))
+        if self.uplink is not None:
+            up = self.uplink.stats()
+            box = up["outbox"]
+            details["uplink"] = {"connected": bool(up["connected"]), "last_error": up["last_error"]}
+            details["outbox"] = {
+                "pending": box["pending"],
+                "bytes": box["bytes"],
+                "dropped": box["dropped"],
+                "dropping": box["dropping"],
+            }
         return (pool_ok or not self.config.pipelines), details
 
     def ready(self) -> tuple[bool, dict[str, Any]]:

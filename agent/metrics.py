@@ -103,6 +103,33 @@ class AgentMetrics:
             "Logged decisions deleted to stay within the disk budget.",
             registry=r,
         )
+        # uplink outbox
+        self.uplink_connected = Gauge(
+            "edgefleet_uplink_connected", "1 while the fleet uplink is connected.", registry=r
+        )
+        self.outbox_pending = Gauge(
+            "edgefleet_outbox_pending",
+            "Records in the outbox waiting for their PUBACK, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.outbox_bytes = Gauge(
+            "edgefleet_outbox_bytes",
+            "Bytes the outbox's records count against its budget.",
+            registry=r,
+        )
+        self.outbox_dropped = Counter(
+            "edgefleet_outbox_dropped",
+            "Outbox records dropped by the drop policy (over budget, disk full), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.outbox_delivered = Counter(
+            "edgefleet_outbox_delivered",
+            "Outbox records the broker acknowledged, by kind.",
+            ["kind"],
+            registry=r,
+        )
         # sensors and alarms
         self.sensor_readings = Counter(
             "edgefleet_sensor_readings", "Sensor readings received.", ["sensor"], registry=r
@@ -145,6 +172,19 @@ class AgentMetrics:
         ):
             if key in stats:
                 self.set_counter(counter, float(stats[key]))
+
+    def update_uplink(self, stats: Mapping[str, Any]) -> None:
+        """Take the uplink's figures (:meth:`agent.uplink.service.Uplink.stats`)."""
+        self.uplink_connected.set(float(stats.get("connected", 0)))
+        outbox = stats.get("outbox") or {}
+        for kind, n in dict(outbox.get("pending_by_kind", {})).items():
+            self.outbox_pending.labels(kind=kind).set(float(n))
+            self.set_counter(
+                self.outbox_delivered, float(stats.get(f"delivered_{kind}", 0)), kind=kind
+            )
+        for kind, n in dict(outbox.get("dropped", {})).items():
+            self.set_counter(self.outbox_dropped, float(n), kind=kind)
+        self.outbox_bytes.set(float(outbox.get("bytes", 0)))
 
     def render(self) -> bytes:
         """Every metric in Prometheus text format (:data:`CONTENT_TYPE`)."""

@@ -7,6 +7,7 @@ from agent.decisionlog.config import DecisionLogConfig
 from agent.decisionlog.log import DecisionLog
 from agent.decisionlog.query import format_rows, get, parse_time, query
 from agent.decisionlog.record import DecisionRecord, new_id
+from agent.decisionlog.schema import NOT_UPLOADED, QUEUED, UPLOADED
 from agent.decisionlog.writer import (
     ALARM_CORRUPT,
     ALARM_EVICTED_UNUPLOADED,
@@ -17,6 +18,9 @@ __all__ = [
     "ALARM_CORRUPT",
     "ALARM_EVICTED_UNUPLOADED",
     "ALARM_WRITE_FAILED",
+    "NOT_UPLOADED",
+    "QUEUED",
+    "UPLOADED",
     "DecisionLog",
     "DecisionLogConfig",
     "DecisionRecord",

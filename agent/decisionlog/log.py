@@ -21,6 +21,7 @@ from agent.decisionlog.connection import connect_writer
 from agent.decisionlog.handoff import Handoff
 from agent.decisionlog.record import DecisionRecord, new_id
 from agent.decisionlog.retention import Retention
+from agent.decisionlog.schema import NOT_UPLOADED, QUEUED, UPLOADED
 from agent.decisionlog.writer import (
     ALARM_CORRUPT,
     Command,
@@ -157,23 +158,29 @@ class DecisionLog:
         """Wait until every record appended before this call is committed (or timeout)."""
         return self._command(Command("flush"), timeout_s)
 
-    def mark_uploaded(self, ids: Sequence[str], timeout_s: float = 5.0) -> None:
-        """Set ``uploaded = 1`` on these decisions (committed when this returns).
+    def mark_uploaded(
+        self, ids: Sequence[str], timeout_s: float = 5.0, *, state: int = UPLOADED
+    ) -> None:
+        """Set ``uploaded`` on these decisions (committed when this returns): to
+        :data:`UPLOADED` (the fleet has them), :data:`QUEUED` (in the uplink's outbox) or
+        :data:`NOT_UPLOADED` (to be queued again).
 
         Raises:
             DecisionLogError: the log is not open, or the update failed or timed out.
         """
+        if state not in (NOT_UPLOADED, UPLOADED, QUEUED):
+            raise DecisionLogError(f"uploaded state {state!r} is not 0, 1 or 2")
         if self._writer is None:
             raise DecisionLogError(f"decision log {self.path} is not open")
-        command = Command("mark_uploaded", ids=tuple(ids))
+        command = Command("mark_uploaded", ids=tuple(ids), state=state)
         if not self._command(command, timeout_s):
             raise DecisionLogError(
-                f"marking {len(command.ids)} decisions uploaded in {self.path} "
+                f"marking {len(command.ids)} decisions uploaded={state} in {self.path} "
                 f"did not finish within {timeout_s} s"
             )
         if command.error:
             raise DecisionLogError(
-                f"marking decisions uploaded in {self.path} failed: {command.error}"
+                f"marking decisions uploaded={state} in {self.path} failed: {command.error}"
             )
 
     def close(self, timeout_s: float = 5.0) -> None:

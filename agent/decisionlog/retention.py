@@ -123,7 +123,7 @@ class Retention:
             n, _, _ = self._delete_oldest("uploaded = 1", (), chunk)
             result.evicted += n
             if n == 0:
-                n, oldest, _ = self._delete_oldest("uploaded = 0", (), chunk)
+                n, oldest, _ = self._delete_oldest("uploaded <> 1", (), chunk)
                 result.evicted_unuploaded += n
                 if result.oldest_unuploaded_evicted is None:
                     result.oldest_unuploaded_evicted = oldest

@@ -16,6 +16,13 @@ TABLE = "decisions"
 VIEW = "decisions_readable"
 MIGRATIONS_TABLE = "_migrations"
 
+NOT_UPLOADED = 0
+"""``uploaded``: the fleet does not have the row, and it is not queued for upload."""
+UPLOADED = 1
+"""``uploaded``: the broker acknowledged an upload holding the row."""
+QUEUED = 2
+"""``uploaded``: the row is in an upload batch in the uplink's outbox."""
+
 # Column order of the table, and of the tuples the writer inserts.
 COLUMNS: tuple[str, ...] = (
     "id",

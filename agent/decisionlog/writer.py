@@ -67,6 +67,7 @@ class Command:
 
     kind: str  # "flush", "mark_uploaded" or "stop"
     ids: Sequence[str] = ()
+    state: int = 1  # for "mark_uploaded": the new value of ``uploaded``
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
@@ -255,15 +256,16 @@ class Writer(threading.Thread):
                 for i in range(0, len(ids), _UPDATE_CHUNK):
                     chunk = ids[i : i + _UPDATE_CHUNK]
                     conn.execute(
-                        f"UPDATE {TABLE} SET uploaded = 1 "  # noqa: S608
+                        f"UPDATE {TABLE} SET uploaded = ? "  # noqa: S608
                         f"WHERE id IN ({', '.join('?' for _ in chunk)})",
-                        chunk,
+                        [command.state, *chunk],
                     )
         except sqlite3.Error as e:
             command.error = f"{type(e).__name__}: {e}"
             log.exception("decision log could not mark %d decisions uploaded", len(ids))
             return
-        self.stats.marked_uploaded += len(ids)
+        if command.state == 1:
+            self.stats.marked_uploaded += len(ids)
 
     def _retention(self) -> None:
         try:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agent.configbase import Section
 from agent.identity import IDENTITY_DIR
+from agent.uplink.outbox import DEFAULT_DROP_ORDER, KINDS
 from agent.wire.messages import MAX_DECISION_ROWS
 
 
@@ -50,8 +51,8 @@ class UplinkConfig(Section):
         10.0,
         gt=0,
         le=600,
-        description="How long a decision upload waits for the broker's PUBACK before it is "
-        "sent again later.",
+        description="How long an outbox record waits for the broker's PUBACK before it is "
+        "sent again.",
     )
     max_queued_messages: int = Field(
         1000,
@@ -60,6 +61,45 @@ class UplinkConfig(Section):
         description="Messages held in memory while unacknowledged or offline; past it a "
         "publish is refused and counted.",
     )
+
+    outbox: Path = Field(
+        Path("outbox.db"),
+        description="The store-and-forward outbox (SQLite) of health reports, events and "
+        "decision batches; relative to the state directory.",
+    )
+    outbox_max_mb: float = Field(
+        64.0,
+        gt=0,
+        le=1_000_000,
+        description="The outbox's share of the device's disk budget (MiB of records); past "
+        "it records are dropped in drop_order, counted, and an alarm is raised.",
+    )
+    drop_order: list[str] = Field(
+        list(DEFAULT_DROP_ORDER),
+        description="Which records the outbox drops first when over its budget: an order "
+        "of health, event, decisions (default: telemetry first, decisions last).",
+    )
+    drain_rate_per_s: float = Field(
+        200.0,
+        gt=0,
+        le=100_000,
+        description="Most outbox records published a second (a decision batch is one), so "
+        "that a long outage's backlog leaves room for live traffic.",
+    )
+    drain_window: int = Field(
+        32, ge=1, le=1000, description="Most outbox records waiting for their PUBACK at once."
+    )
+
+    @field_validator("drop_order")
+    @classmethod
+    def _drop_order(cls, value: list[str]) -> list[str]:
+        if sorted(value) != sorted(KINDS):
+            raise ValueError(f"must name each of {', '.join(KINDS)} once, got {value}")
+        return value
+
+    def outbox_path(self, state_dir: Path) -> Path:
+        """The outbox file, resolved against ``state_dir``."""
+        return self.outbox if self.outbox.is_absolute() else state_dir / self.outbox
 
     def identity_path(self, state_dir: Path) -> Path:
         """The identity directory, resolved against ``state_dir``."""

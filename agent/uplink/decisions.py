@@ -1,27 +1,28 @@
 """Decision uploads: the decision log's rows not yet uploaded, read on a read-only
-connection, sent as :class:`agent.wire.messages.DecisionUpload` payloads within the size
-cap (:class:`Uploader`).
+connection, made into :class:`agent.wire.messages.DecisionUpload` payloads within the size
+cap, gzipped and queued in the outbox (:class:`Batcher`).
 
-Only the log's writer marks rows uploaded (:meth:`agent.decisionlog.DecisionLog.mark_uploaded`),
-after the broker acknowledged the upload.
+Only the log's writer changes a row's ``uploaded`` state
+(:meth:`agent.decisionlog.DecisionLog.mark_uploaded`).
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.decisionlog import DecisionLog
+from agent.decisionlog import NOT_UPLOADED, QUEUED, UPLOADED, DecisionLog
 from agent.decisionlog.connection import connect_reader
 from agent.decisionlog.schema import COLUMNS, TABLE
-from agent.errors import AgentError, DecisionLogError
+from agent.errors import DecisionLogError
 from agent.uplink.acks import Publisher
+from agent.uplink.outbox import KIND_DECISIONS, Entry, Outbox
 from agent.wire import topics
+from agent.wire.compress import compress
 from agent.wire.messages import (
     MAX_PAYLOAD_BYTES,
     DecisionRow,
@@ -33,18 +34,6 @@ from agent.wire.messages import (
 log = logging.getLogger(__name__)
 
 BAD_IDS_BOUND = 1000
-
-
-class UploadFailed(AgentError):
-    """A decision upload was not acknowledged; its rows stay un-uploaded.
-
-    Attributes:
-        reason: what failed (the broker's reason code, a timeout, paho's refusal).
-    """
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(f"decision upload: {reason}")
 
 
 @dataclass(frozen=True)
@@ -122,38 +111,58 @@ def make_batch(
     raise MessageError("decisions", "an upload needs at least one row")
 
 
-class Uploader:
-    """Uploads the log's un-uploaded rows in batches, one in flight, and marks a batch
-    uploaded only after a success PUBACK. A refused or unanswered upload raises; its rows
-    are sent again on a later call. Rows that can't be sent are set aside (logged and
-    counted as ``decisions_invalid``), at most :data:`BAD_IDS_BOUND` of them remembered.
+class Batcher:
+    """Moves the log's un-uploaded rows into the outbox as gzipped upload batches.
+
+    A batch is stored in the outbox first, then its rows are marked ``QUEUED`` in the log;
+    once the broker acknowledged it (:meth:`delivered`) they are marked ``UPLOADED``, and
+    only then is the batch deleted from the outbox. A crash between two of those steps
+    sends some rows twice, never none: the fleet stores each decision once by its id.
+    Rows that can't be sent are set aside (logged and counted as ``decisions_invalid``),
+    at most :data:`BAD_IDS_BOUND` of them remembered.
     """
 
     def __init__(
         self,
         decision_log: DecisionLog,
         device_id: str,
+        outbox: Outbox,
         publisher: Publisher,
         *,
         batch: int,
-        ack_timeout_s: float,
-        stop: threading.Event,
     ) -> None:
         self.log = decision_log
         self.device_id = device_id
+        self.outbox = outbox
         self.publisher = publisher
         self.batch = batch
-        self.ack_timeout_s = ack_timeout_s
-        self.stop = stop
         self.topic = topics.decisions(device_id)
         self._bad_ids: dict[str, str] = {}
 
-    def upload_once(self) -> bool:
-        """Upload one batch; whether more rows may be waiting.
+    def reconcile(self) -> int:
+        """Give rows marked ``QUEUED`` whose batch is not in the outbox (lost with a
+        damaged outbox, or a crash) back to the queue; how many.
 
         Raises:
-            UploadFailed: the broker refused the upload or did not answer in time.
+            DecisionLogError: the log can't be read or written.
+            OutboxError: the outbox can't be read.
+        """
+        queued = rows_in_state(self.log.path, QUEUED)
+        lost = sorted(set(queued) - self.outbox.decision_ids())
+        if lost:
+            self.log.mark_uploaded(lost, state=NOT_UPLOADED)
+            log.warning(
+                "uplink: %d decisions queued in no outbox batch are queued again", len(lost)
+            )
+        return len(lost)
+
+    def fill_once(self) -> int:
+        """Queue one batch of the oldest un-uploaded rows; how many rows it holds (0: none
+        waiting, or only rows that can't be sent).
+
+        Raises:
             DecisionLogError: the log can't be read, or the rows can't be marked.
+            OutboxError: the outbox can't be written.
         """
         raw = pending_rows(self.log.path, self.batch, self._bad_ids.keys())
         rows, bad = to_wire(raw, self.device_id)
@@ -163,24 +172,31 @@ class Uploader:
             bad.update(unsendable)
         self._set_aside(bad)
         if batch is None:
-            return bool(bad)
-        pub = self.publisher
-        pending = pub.send("decisions", self.topic, batch.payload)
-        if pending is None:
-            raise UploadFailed(f"{len(batch.ids)} decisions not sent: {pub.last_error}")
-        if not pending.wait(self.ack_timeout_s, self.stop):
-            pub.acks.forget(pending)
-            pub.count("decision_timeouts")
-            raise UploadFailed(
-                f"no PUBACK for {len(batch.ids)} decisions within {self.ack_timeout_s:g} s"
-            )
-        if not pending.ok:
-            pub.count("decision_failures")
-            raise UploadFailed(f"the broker refused {len(batch.ids)} decisions: {pending.reason}")
-        self.log.mark_uploaded(batch.ids)
-        pub.count("decisions_uploaded", len(batch.ids))
-        pub.count("decision_batches")
-        return len(raw) >= self.batch
+            return 0
+        seq = self.outbox.put(KIND_DECISIONS, self.topic, compress(batch.payload), batch.ids)
+        if seq is None:
+            return 0  # dropped by the outbox's policy, counted there; rows stay un-uploaded
+        self.log.mark_uploaded(batch.ids, state=QUEUED)
+        self.publisher.count("decisions_queued", len(batch.ids))
+        self.publisher.count("decision_batches")
+        return len(batch.ids)
+
+    def delivered(self, entries: Sequence[Entry]) -> None:
+        """Mark the rows of acknowledged batches ``UPLOADED``.
+
+        Raises:
+            DecisionLogError: the rows can't be marked (the batches stay and are resent).
+        """
+        ids = [i for e in entries if e.kind == KIND_DECISIONS for i in e.ids]
+        if ids:
+            self.log.mark_uploaded(ids, state=UPLOADED)
+            self.publisher.count("decisions_uploaded", len(ids))
+
+    def dropped(self, entry: Entry) -> None:
+        """A batch the outbox dropped: its rows go back to the queue (they are still in
+        the log)."""
+        if entry.kind == KIND_DECISIONS and entry.ids:
+            self.log.mark_uploaded(entry.ids, state=NOT_UPLOADED)
 
     def _set_aside(self, bad: Mapping[str, str]) -> None:
         for row_id, reason in bad.items():
@@ -189,3 +205,21 @@ class Uploader:
             if len(self._bad_ids) >= BAD_IDS_BOUND:
                 self._bad_ids.pop(next(iter(self._bad_ids)))
             self._bad_ids[row_id] = reason
+
+
+def rows_in_state(db_path: Path, state: int) -> list[str]:
+    """Ids of the rows whose ``uploaded`` is ``state``.
+
+    Raises:
+        DecisionLogError: the log can't be read.
+    """
+    if not Path(db_path).is_file():
+        return []
+    conn = connect_reader(Path(db_path))
+    try:
+        sql = f"SELECT id FROM {TABLE} WHERE uploaded = ?"  # noqa: S608 - fixed name
+        return [str(r[0]) for r in conn.execute(sql, (state,))]
+    except sqlite3.Error as exc:
+        raise DecisionLogError(f"can't read decision log {db_path}: {exc}") from exc
+    finally:
+        conn.close()

@@ -2,12 +2,15 @@
 identity, carrying its reported state (retained), heartbeats, health, events and
 decision uploads (:mod:`agent.wire.topics`, :mod:`agent.wire.messages`).
 
+Store and forward: health reports, events and decision batches go into the durable
+outbox first (:mod:`agent.uplink.outbox`), online or not, and are deleted only after a
+success PUBACK (:mod:`agent.uplink.drain`); a refused one (NOT_AUTHORIZED ...) is counted
+and sent again later. The reported state (retained, refreshed on every connect) and
+heartbeats (liveness, not records) are live only.
+
 The last will is :meth:`ReportedState.offline` on the state topic, retained: the fleet
 sees the device offline when its connection dies, and :meth:`Uplink.stop` ends with a
-DISCONNECT that asks the broker to publish it too. Decision rows are marked uploaded only
-after the broker's PUBACK says success; a refused upload (NOT_AUTHORIZED ...) is counted
-and its rows are sent again later. paho keeps unacknowledged messages in memory only, at
-most ``max_queued_messages``.
+DISCONNECT that asks the broker to publish it too.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -34,6 +38,8 @@ from agent.identity import Identity
 from agent.uplink import decisions
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.config import UplinkConfig
+from agent.uplink.drain import Drain
+from agent.uplink.outbox import KIND_DECISIONS, KIND_EVENT, KIND_HEALTH, Entry, Outbox
 from agent.uplink.sysinfo import SysInfo
 from agent.wire import topics
 from agent.wire.messages import (
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 
 StateSource = Callable[[], Mapping[str, Any]]
 HealthSource = Callable[[], Mapping[str, Any]]
+AlarmSink = Callable[[str, str], None]
 _MAX_BACKOFF_S = 60.0
 _JOIN_S = 5.0
 
@@ -88,9 +95,13 @@ class Uplink:
             the machine's part (CPU, memory, temperature, disk) comes from ``sysinfo``.
         decision_log: the log whose rows are uploaded; None uploads none.
         sysinfo: the machine sampler (default: disk of the identity's state directory).
+        state_dir: where the outbox lives when its path is relative (default: the
+            identity directory's parent).
+        on_alarm: also told of the outbox's alarms (which are sent as ``alarm`` events).
 
     Raises:
         IdentityError: the identity's TLS files can't be loaded.
+        OutboxError: the outbox can't be opened.
     """
 
     def __init__(
@@ -103,6 +114,8 @@ class Uplink:
         health: HealthSource,
         decision_log: DecisionLog | None = None,
         sysinfo: SysInfo | None = None,
+        state_dir: Path | None = None,
+        on_alarm: AlarmSink | None = None,
     ) -> None:
         self.device_id = device_id
         self.identity = identity
@@ -111,7 +124,9 @@ class Uplink:
         self.port = config.broker_port or identity.broker_port
         self._state_source = state
         self._health_source = health
-        self._sysinfo = sysinfo or SysInfo(identity.directory.parent)
+        state_dir = state_dir or identity.directory.parent
+        self._sysinfo = sysinfo or SysInfo(state_dir)
+        self._on_alarm = on_alarm
         self._seq: Counter[str] = Counter()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -131,19 +146,33 @@ class Uplink:
         client.on_disconnect = self._on_disconnect
         self._client = client
         self._pub = Publisher(client, config.max_queued_messages)
-        client.on_publish = self._pub.on_publish
-        self._uploader = (
-            None
-            if decision_log is None
-            else decisions.Uploader(
+        client.on_publish = self._on_publish
+        self._batcher: decisions.Batcher | None = None
+        self.outbox = Outbox(
+            config.outbox_path(state_dir),
+            int(config.outbox_max_mb * 1024 * 1024),
+            drop_order=config.drop_order,
+            on_alarm=self._outbox_alarm,
+            on_dropped=self._outbox_dropped,
+        ).open()
+        self._drain = Drain(
+            self.outbox,
+            self._pub,
+            connected=self._connected,
+            window=config.drain_window,
+            rate_per_s=config.drain_rate_per_s,
+            ack_timeout_s=config.ack_timeout_s,
+            on_delivered=self._delivered,
+            stop=self._stop,
+        )
+        if decision_log is not None:
+            self._batcher = decisions.Batcher(
                 decision_log,
                 device_id,
+                self.outbox,
                 self._pub,
                 batch=config.decisions_batch,
-                ack_timeout_s=config.ack_timeout_s,
-                stop=self._stop,
             )
-        )
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -156,10 +185,16 @@ class Uplink:
         if self._started:
             raise UplinkError("already started (an Uplink starts once)")
         self._started = True
+        if self._batcher is not None:
+            try:
+                self._batcher.reconcile()
+            except AgentError as exc:
+                log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
         self._client.connect_async(self.host, self.port, keepalive=self.config.keepalive_s)
         self._client.loop_start()
         self._spawn("uplink-reports", self._reports_loop)
-        if self._uploader is not None:
+        self._spawn("uplink-outbox", self._drain.run)
+        if self._batcher is not None:
             self._spawn("uplink-decisions", self._decisions_loop)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -183,6 +218,7 @@ class Uplink:
             return
         self._stop.set()
         self._wake.set()
+        self._drain.notify()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -192,6 +228,7 @@ class Uplink:
         self._client.disconnect(reasoncode=will)
         self._client.loop_stop()
         self._connected.clear()
+        self.outbox.close()
 
     # -- what is sent ------------------------------------------------------------------
 
@@ -227,15 +264,16 @@ class Uplink:
         event_id: str | None = None,
         ts: float | None = None,
     ) -> str:
-        """Publish an event (QoS 1); held in memory while offline. Returns its id: give
-        the same id when sending the same event again (the fleet stores it once).
+        """Queue an event in the outbox (sent when connected, in order). Returns its id:
+        give the same id when sending the same event again (the fleet stores it once).
 
         Raises:
             MessageError: not a valid event (bad kind or id, payload too large).
-            UplinkError: not started, or the in-memory queue is full.
+            UplinkError: stopped, or the outbox dropped it (over budget; counted).
+            OutboxError: the outbox can't be written.
         """
-        if not self._started or self._stop.is_set():
-            raise UplinkError(f"event {kind!r} not sent: the uplink is not running")
+        if self._stop.is_set():
+            raise UplinkError(f"event {kind!r} not queued: the uplink is not running (stopped)")
         eid = event_id or f"{kind}-{uuid.uuid4().hex}"
         try:
             message = Event(
@@ -247,9 +285,15 @@ class Uplink:
             )
         except ValidationError as exc:
             raise MessageError("event", error_text(exc)) from exc
-        if self._send("event", topics.events(self.device_id), message) is None:
-            raise UplinkError(f"event {eid} not sent: {self._pub.last_error}")
+        if self._queue(KIND_EVENT, topics.events(self.device_id), message) is None:
+            raise UplinkError(f"event {eid} dropped: the outbox is over its budget")
         return eid
+
+    def _queue(self, kind: str, topic: str, message: Message) -> int | None:
+        seq = self.outbox.put(kind, topic, encode(message))
+        if seq is not None:
+            self._drain.notify()
+        return seq
 
     def _send(
         self, kind: str, topic: str, message: Message, *, qos: int = 1, retain: bool = False
@@ -276,7 +320,7 @@ class Uplink:
             log.error("uplink: health report not valid, not sent: %s", error_text(exc))  # noqa: TRY400
             self._pub.count("health_errors")
             return
-        self._send("health", topics.telemetry(self.device_id), message)
+        self._queue(KIND_HEALTH, topics.telemetry(self.device_id), message)
 
     def _next(self, kind: str) -> int:
         seq = self._seq[kind]
@@ -292,13 +336,14 @@ class Uplink:
             _Timer(start, self._heartbeat, cfg.heartbeat_interval_s),
             _Timer(start, self._health, cfg.health_interval_s),
         ]
+        live = {id(timers[0])}  # heartbeats are liveness, not records: live only
         while not self._stop.is_set():
             now = time.monotonic()
             for timer in timers:
                 if now < timer.due:
                     continue
                 timer.due = max(timer.due + timer.interval, now)
-                if self.connected:
+                if self.connected or id(timer) not in live:
                     self._guarded(timer.step)
                 else:
                     self._pub.count("skipped_offline")
@@ -317,28 +362,65 @@ class Uplink:
             self._pub.count("report_errors")
 
     def _decisions_loop(self) -> None:
-        uploader = self._uploader
-        if uploader is None:
+        """Batch decisions into the outbox while connected (offline, the decision log
+        holds them), keeping at most two windows of batches ahead of the sender."""
+        batcher = self._batcher
+        if batcher is None:
             return
         interval = self.config.decisions_interval_s
+        ahead = 2 * self.config.drain_window
         failures = 0
         wait = interval
         while not self._stop.wait(wait):
-            more = False
-            if self.connected:
-                try:
-                    more = uploader.upload_once()
-                    failures = 0
-                except AgentError as exc:
-                    failures += 1
-                    log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
-                except Exception:
-                    failures += 1
-                    log.exception("uplink: decision upload failed")
-            backoff = min(interval * 2 ** min(failures, 6), max(_MAX_BACKOFF_S, interval))
-            wait = 0.0 if more else backoff
+            wait = interval
+            if not self.connected:
+                continue
+            if self.outbox.pending(KIND_DECISIONS) >= ahead:
+                wait = min(interval, 0.05)
+                continue
+            try:
+                rows = batcher.fill_once()
+                failures = 0
+            except AgentError as exc:
+                failures += 1
+                log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
+                rows = 0
+            except Exception:
+                failures += 1
+                log.exception("uplink: queueing decisions failed")
+                rows = 0
+            if rows:
+                self._drain.notify()
+            if rows >= batcher.batch:
+                wait = 0.0  # a full batch: more are waiting
+            elif failures:
+                wait = min(interval * 2 ** min(failures, 6), max(_MAX_BACKOFF_S, interval))
+
+    # -- outbox callbacks --------------------------------------------------------------
+
+    def _delivered(self, entries: Sequence[Entry]) -> None:
+        if self._batcher is not None:
+            self._batcher.delivered(entries)
+
+    def _outbox_dropped(self, entry: Entry) -> None:
+        if self._batcher is not None:
+            self._batcher.dropped(entry)
+
+    def _outbox_alarm(self, kind: str, message: str) -> None:
+        if self._on_alarm is not None:
+            self._on_alarm(kind, message)
+        try:
+            self.event("alarm", {"alarm": kind, "message": message})
+        except AgentError as exc:
+            log.error("uplink: the %s alarm could not be queued: %s", kind, exc)  # noqa: TRY400
 
     # -- paho callbacks (network thread) -----------------------------------------------
+
+    def _on_publish(
+        self, client: mqtt.Client, userdata: Any, mid: int, reason: ReasonCode, p: Properties | None
+    ) -> None:
+        self._pub.on_publish(client, userdata, mid, reason, p)
+        self._drain.notify()
 
     def _on_connect(
         self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
@@ -353,6 +435,7 @@ class Uplink:
         self._connected.set()
         self._state_due.set()
         self._wake.set()
+        self._drain.notify()
 
     def _on_disconnect(
         self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
@@ -379,4 +462,6 @@ class Uplink:
         out["abandoned"] = dict(acks.abandoned)
         out["unmatched_acks"] = acks.unmatched
         out["last_error"] = self._pub.last_error
+        out["outbox"] = self.outbox.stats()
+        out["outbox_in_flight"] = self._drain.in_flight()
         return out

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from agent.errors import AgentError
-from agent.wire import topics
+from agent.wire import compress, topics
 from agent.wire.base import WireModel, slug
 
 SCHEMA_VERSION = 1
@@ -310,15 +310,21 @@ def _no_constant(name: str) -> float:
 def parse_object(
     kind: str, payload: bytes | bytearray | memoryview, max_bytes: int = MAX_PAYLOAD_BYTES
 ) -> dict[str, Any]:
-    """A payload as a JSON object (no NaN or infinities), size checked first.
+    """A payload as a JSON object (no NaN or infinities), size checked first; a gzip
+    payload (:mod:`agent.wire.compress`) is inflated first, to at most ``max_bytes``.
 
     Raises:
-        PayloadTooLarge: over ``max_bytes``.
-        MessageError: not UTF-8 JSON, or not an object.
+        PayloadTooLarge: over ``max_bytes``, sent or inflated.
+        MessageError: not UTF-8 JSON, or not an object, or damaged gzip.
     """
     size = len(payload)
     if size > max_bytes:
         raise PayloadTooLarge(kind, size, max_bytes)
+    if compress.is_compressed(payload):
+        try:
+            payload = compress.decompress(payload, max_bytes)
+        except compress.CompressedPayloadError as exc:
+            raise MessageError(kind, exc.reason) from exc
     try:
         raw = json.loads(bytes(payload), parse_float=_finite_float, parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError

@@ -4,12 +4,11 @@ the subscriber, a real decision log, the agent as a subprocess for the last will
 
 from __future__ import annotations
 
-import queue
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,11 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.decisionlog import DecisionLog, DecisionLogConfig
-from agent.identity import Identity, enroll
-from agent.uplink import SysInfo, Uplink, UplinkConfig, UplinkError
+from agent.decisionlog import QUEUED, UPLOADED
+from agent.identity import Identity
+from agent.uplink import SysInfo, Uplink, UplinkError
 from agent.uplink.acks import AckTracker
-from agent.uplink.decisions import make_batch, pending_rows, to_wire
+from agent.uplink.decisions import make_batch, pending_rows, rows_in_state, to_wire
 from agent.uplink.sysinfo import process_cpu_s, rss_kb, temperatures
 from agent.wire import topics
 from agent.wire.messages import (
@@ -33,141 +32,20 @@ from agent.wire.messages import (
     parse,
     parse_telemetry,
 )
-from fleet_server.broker import ManagedBroker, MosquittoConfig
+from fleet_server.broker import ManagedBroker
 from tests.agent.decisionlog_driver import make_record
-from tests.agent.fleet_enroll_server import EnrollServer
-from tests.broker import free_port
-from tests.fleet.tls_peers import WAIT_S, Peer, Pki, make_ca
-from tests.update.tuf_repo import TufRepo
+from tests.agent.uplink_fixtures import (
+    FAST,
+    _broker_config,
+    collect,
+    on,
+    open_log,
+    thermal_tree,
+    wait_until,
+)
+from tests.fleet.tls_peers import WAIT_S, Peer, Pki
 
 DRIVER = Path(__file__).with_name("uplink_driver.py")
-FAST = UplinkConfig(
-    enabled=True,
-    heartbeat_interval_s=0.1,
-    health_interval_s=0.3,
-    decisions_interval_s=0.1,
-    ack_timeout_s=5.0,
-)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    directory = tmp_path_factory.mktemp("pki")
-    return Pki(directory, make_ca(directory))
-
-
-def _broker_config(pki: Pki, state_dir: Path) -> MosquittoConfig:
-    return MosquittoConfig(
-        port=free_port(),
-        state_dir=state_dir,
-        cafile=pki.ca.cert_path,
-        crlfile=pki.ca.crl_path,
-        certfile=pki.cert("server"),
-        keyfile=pki.key("server"),
-    )
-
-
-@pytest.fixture(scope="module")
-def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedBroker]:
-    with ManagedBroker(_broker_config(pki, tmp_path_factory.mktemp("broker"))) as managed:
-        yield managed
-
-
-@pytest.fixture(scope="module")
-def server(
-    pki: Pki, broker: ManagedBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EnrollServer]:
-    repo = TufRepo(tmp_path_factory.mktemp("repo"))
-    root = (repo.metadata_dir / "root.json").read_bytes()
-    srv = EnrollServer(pki.ca, broker.config.port, root).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def enrolled(server: EnrollServer, tmp_path: Path) -> Callable[[str], Identity]:
-    def _enroll(device_id: str) -> Identity:
-        state = tmp_path / device_id
-        token = server.issue(device_id, {"line": "3"}, "jetson-orin")
-        return enroll(server.url, token, state, device_id, trust_dir=state / "trust")
-
-    return _enroll
-
-
-@pytest.fixture
-def fleet(pki: Pki, broker: ManagedBroker) -> Iterator[Callable[..., Peer]]:
-    peers: list[Peer] = []
-
-    def _connect(port: int | None = None) -> Peer:
-        peer = Peer(
-            port or broker.config.port,
-            pki.ca.cert_path,
-            pki.cert("fleet-server"),
-            pki.key("fleet-server"),
-        )
-        assert peer.connect(), "the fleet's own identity was refused"
-        peers.append(peer)
-        return peer
-
-    yield _connect
-    for peer in peers:
-        peer.close()
-
-
-@pytest.fixture
-def uplinks() -> Iterator[list[Uplink]]:
-    started: list[Uplink] = []
-    yield started
-    for uplink in started:
-        uplink.stop()
-
-
-def collect(
-    peer: Peer, done: Callable[[list[tuple[str, bytes]]], bool], timeout_s: float = WAIT_S
-) -> list[tuple[str, bytes]]:
-    """Messages received until ``done(messages)`` (or the timeout)."""
-    got: list[tuple[str, bytes]] = []
-    end = time.monotonic() + timeout_s
-    while not done(got):
-        left = end - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"not done within {timeout_s} s; got {[t for t, _ in got]}")
-        try:
-            got.append(peer.inbox.get(timeout=min(left, 0.2)))
-        except queue.Empty:
-            continue
-    return got
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(0.02)
-
-
-def on(topic: str) -> Callable[[list[tuple[str, bytes]]], list[bytes]]:
-    return lambda got: [p for t, p in got if t == topic]
-
-
-def thermal_tree(root: Path) -> Path:
-    for zone, kind, temp in (("thermal_zone0", "cpu-thermal", "45500\n"),
-                             ("thermal_zone1", "gpu-thermal", "off\n"),
-                             ("thermal_zone2", "cpu-thermal", "-2000\n")):  # fmt: skip
-        (root / zone).mkdir(parents=True)
-        (root / zone / "type").write_text(kind + "\n")
-        (root / zone / "temp").write_text(temp)
-    return root
-
-
-def open_log(state: Path, device_id: str, count: int) -> tuple[DecisionLog, list[str]]:
-    dlog = DecisionLog(state, DecisionLogConfig(thumbnails="none"), device_id=device_id)
-    dlog.open()
-    now = time.time()
-    ids = [dlog.append(make_record(i, now - 10 + i * 0.01)) for i in range(count)]
-    assert dlog.flush()
-    return dlog, ids
 
 
 def test_uplink_reports_state_heartbeats_health_an_event_and_uploads_decisions(
@@ -257,12 +135,14 @@ def test_decision_upload_the_acl_refuses_is_counted_failed_and_never_marked_uplo
     uplinks.append(uplink)
     uplink.start()
     assert uplink.wait_connected(WAIT_S)
-    wait_until(lambda: uplink.stats().get("decision_failures", 0) >= 2)
+    wait_until(lambda: uplink.stats().get("outbox_refused_decisions", 0) >= 2)
 
     stats = uplink.stats()
     assert stats["refused"]["decisions"] >= 2
     assert stats.get("decisions_uploaded", 0) == 0
-    assert sorted(r["id"] for r in pending_rows(dlog.path, 100)) == sorted(ids)
+    assert rows_in_state(dlog.path, UPLOADED) == []
+    assert sorted(rows_in_state(dlog.path, QUEUED)) == sorted(ids)  # still in the outbox
+    assert stats["outbox"]["pending_by_kind"]["decisions"] == 1
     assert dlog.stats()["marked_uploaded"] == 0
     assert peer.flush() == []  # nothing reached the fleet as dev-x
     dlog.close()
@@ -360,19 +240,24 @@ def test_a_row_that_cannot_be_sent_is_set_aside_and_the_others_are_uploaded(
     dlog.close()
 
 
-def test_event_with_a_bad_kind_is_refused_before_sending(
-    enrolled: Callable[[str], Identity],
+def test_an_event_queued_before_start_is_sent_after_and_a_bad_kind_is_refused(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer]
 ) -> None:
     identity = enrolled("dev-e")
+    peer = fleet()
+    peer.subscribe(topics.events("dev-e"))
     uplink = Uplink("dev-e", identity, FAST, state=dict, health=dict)
-    with pytest.raises(UplinkError, match="not running"):
-        uplink.event("install", {})
+    early = uplink.event("install", {"outcome": "committed"})  # into the outbox
+    with pytest.raises(MessageError, match="event kind"):
+        uplink.event("Not A Kind", {})
     uplink.start()
     try:
-        with pytest.raises(MessageError, match="event kind"):
-            uplink.event("Not A Kind", {})
+        got = collect(peer, lambda g: bool(on(topics.events("dev-e"))(g)))
+        wait_until(lambda: uplink.stats()["outbox"]["pending_by_kind"]["event"] == 0)
     finally:
         uplink.stop()
+    assert parse(Event, got[0][1]).event_id == early
+    assert uplink.stats()["delivered_event"] == 1
 
 
 # --- pure parts ----------------------------------------------------------------------

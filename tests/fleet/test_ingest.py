@@ -18,6 +18,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.wire import topics
+from agent.wire.compress import compress
 from agent.wire.messages import (
     BundleRef,
     DecisionRow,
@@ -253,6 +254,26 @@ def test_retried_and_redelivered_records_are_stored_once(
     assert _wait(lambda: worker.stats().duplicates == 8)
     assert sink.total() == 8
     assert worker.stats().stored == 8
+
+
+def test_a_gzipped_decision_upload_is_stored_and_a_gzip_bomb_is_quarantined(
+    publisher: Publisher, worker_factory: Callable[..., IngestWorker]
+) -> None:
+    sink = MemorySink()
+    worker = worker_factory(sink, max_payload_bytes=64 * 1024)
+    upload = encode(DecisionUpload(device_id="dev-z", rows=[_row("dev-z", n) for n in range(50)]))
+    packed = compress(upload)
+    assert len(packed) * 4 < len(upload)  # rows of one line compress well
+    bomb = compress(b'{"pad": "' + b" " * (1024 * 1024) + b'"}')  # 1 MiB inflated, ~1 KiB sent
+    publisher.send([
+        (topics.decisions("dev-z"), packed),
+        (topics.decisions("dev-z"), bomb),
+        (topics.decisions("dev-z"), packed[:-8]),  # truncated
+    ])  # fmt: skip
+    assert _wait(lambda: len(sink.decisions) == 50 and worker.stats().quarantined == 2)
+    reasons = sorted(q.reason for q in sink.quarantined)
+    assert "inflates to more than the limit of 65536 bytes" in reasons[0] + reasons[1]
+    assert "truncated gzip" in reasons[0] + reasons[1]
 
 
 class FailingSink(MemorySink):
