@@ -34,6 +34,7 @@ EPILOG_RUN = """example:
   edge-agent bundles --config agent.toml
   edge-agent rollback text-cls --config agent.toml
   edge-agent enroll http://127.0.0.1:8080 --token - --config agent.toml
+  edge-agent outbox --config agent.toml
 """
 
 
@@ -209,6 +210,12 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     return enroll(args.server_url, args.token, args.config, replace=args.replace)
 
 
+def cmd_outbox(args: argparse.Namespace) -> int:
+    from agent.uplink.cli import cmd_outbox as outbox  # noqa: PLC0415
+
+    return outbox(Path(args.config), args.json)
+
+
 def cmd_bench_log(args: argparse.Namespace) -> int:
     import tempfile  # noqa: PLC0415
 
@@ -319,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(enr)
     enr.add_argument("--replace", action="store_true", help="enroll again over an identity")
     enr.set_defaults(func=cmd_enroll)
+
+    box = sub.add_parser(
+        "outbox",
+        help="what waits to go to the fleet: outbox records by kind, decisions by upload state",
+        epilog="example: edge-agent outbox --config agent.toml --json",
+    )
+    with_config(box)
+    box.add_argument("--json", action="store_true", help="print JSON")
+    box.set_defaults(func=cmd_outbox)
 
     blog = sub.add_parser(
         "bench-log",

@@ -3,6 +3,7 @@ writer, a real EFBIG disk-full, a damaged file moved aside."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import cli
 from agent.uplink.outbox import ALARM_DROPPING, ROW_OVERHEAD_BYTES, Outbox, OutboxError
 
 DRIVER = Path(__file__).with_name("outbox_driver.py")
@@ -150,3 +152,20 @@ def test_a_damaged_outbox_is_moved_aside_and_a_new_one_started(tmp_path: Path) -
         assert box.pending() == 0
         assert box.put("event", "t", b"{}") is not None
     assert list(tmp_path.glob("o.db.corrupt-*"))
+
+
+def test_edge_agent_outbox_shows_what_waits_by_kind_and_decisions_by_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "agent.toml").write_text('[agent]\ndevice_id = "dev-q"\nstate_dir = "st"\n')
+    with Outbox(tmp_path / "st" / "outbox.db", 100 * RECORD) as box:
+        box.put("health", "t", payload(0))
+        box.put("health", "t", payload(1))
+        box.put("decisions", "t", payload(2), ["a"])
+    assert cli.main(["outbox", "--config", str(tmp_path / "agent.toml"), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["records"]["health"]["count"] == 2
+    assert status["records"]["decisions"]["bytes"] == 1000
+    assert status["decisions"] == {}  # no decision log yet
+    assert cli.main(["outbox", "--config", str(tmp_path / "agent.toml")]) == 0
+    assert "health" in capsys.readouterr().out
