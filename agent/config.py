@@ -46,6 +46,13 @@ class AgentSection(Section):
         "path is taken from the config file's directory.",
     )
     profile: str = Field("auto", description="Firmware profile name or TOML path; auto detects.")
+    disk_budget_mb: float | None = Field(
+        None,
+        gt=0,
+        description="The device's one disk budget (MiB) for the state directory: the decision "
+        "log with its thumbnails ([decision_log] budget_mb) and the outbox ([uplink] "
+        "outbox_max_mb) must fit in it together; staged bundles use what is left.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the agent process."
     )
@@ -169,6 +176,15 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
 
 
 def _cross_check(cfg: AgentConfig, path: str) -> None:
+    budget = cfg.agent.disk_budget_mb
+    shares = cfg.decision_log.budget_mb + (cfg.uplink.outbox_max_mb if cfg.uplink.enabled else 0)
+    if budget is not None and shares > budget:
+        raise ConfigError(
+            path,
+            "agent.disk_budget_mb",
+            f"{budget:g} MiB is less than decision_log.budget_mb ({cfg.decision_log.budget_mb:g}) "
+            f"+ uplink.outbox_max_mb ({cfg.uplink.outbox_max_mb:g}) = {shares:g} MiB",
+        )
     sources = {c.name for c in cfg.cameras} | {s.name for s in cfg.sensors}
     for i, p in enumerate(cfg.pipelines):
         if p.source not in sources:

@@ -21,6 +21,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.bundle import init_bundle
+from agent.config import load_config
+from agent.errors import ConfigError
 from tests.broker import Broker, free_port
 
 BIN = Path(sys.executable).parent
@@ -132,6 +134,18 @@ def _wait(cond: object, timeout_s: float) -> bool:
 
 
 # -- configuration ---------------------------------------------------------------------
+def test_a_disk_budget_smaller_than_its_shares_is_refused_naming_them(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(
+        '[agent]\ndevice_id = "d"\nstate_dir = "s"\ndisk_budget_mb = 600\n'
+        "[decision_log]\nbudget_mb = 512\n[uplink]\nenabled = true\noutbox_max_mb = 100\n"
+    )
+    with pytest.raises(ConfigError, match=r"agent.disk_budget_mb: 600 MiB is less than .* 612"):
+        load_config(cfg)
+    cfg.write_text(cfg.read_text().replace("= 600", "= 612"))
+    assert load_config(cfg).agent.disk_budget_mb == 612
+
+
 def test_unknown_key_is_refused_with_file_and_field(tmp_path: Path) -> None:
     cfg = _config(tmp_path, '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfsp = 5\n')
     r = _run("check-config", "--config", str(cfg))
