@@ -31,6 +31,7 @@ from fleet_server.repository._files import make_dirs, write_durable
 log = logging.getLogger(__name__)
 
 LOG_TAIL = 200
+PID_NAME = "mosquitto.pid"
 """Mosquitto log lines kept for error messages and :meth:`ManagedBroker.log_tail`."""
 _SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 _READY = " running"
@@ -138,6 +139,7 @@ class ManagedBroker:
         if self.running:
             raise BrokerError("already running")
         self._check_tls_files()
+        self._stop_orphan()
         self.write_files()
         binary = find_mosquitto(self.config.binary)
         with self._cond:
@@ -160,12 +162,45 @@ class ManagedBroker:
         )
         self._reader.start()
         try:
+            self._pid_path.write_text(f"{proc.pid}\n")
+        except OSError as exc:
+            log.warning("mosquitto: can't write %s: %s", self._pid_path, exc)
+        try:
             # "running" comes once every listener is open; a failed bind ends the process.
             self._wait("start", lambda: self._ready_seen, self.config.start_timeout_s)
         except BrokerError:
             self.stop()
             raise
         log.info("mosquitto %d listening on %s:%d", proc.pid, self.config.host, self.config.port)
+
+    @property
+    def _pid_path(self) -> Path:
+        return self.config.state_dir / PID_NAME
+
+    def _stop_orphan(self) -> None:
+        """Stop a Mosquitto that a previous, killed, server left running on this
+        configuration (its pid file names it, and its command line has our config)."""
+        try:
+            pid = int(self._pid_path.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return
+        if str(self.config.conf_path).encode() not in cmdline:
+            return  # the pid is another process now
+        log.warning("mosquitto %d left running by an earlier server: stopping it", pid)
+        try:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.config.stop_timeout_s
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            raise BrokerError(
+                f"mosquitto {pid} left by an earlier server can't be stopped: {exc}"
+            ) from exc
 
     def reload(self) -> None:
         """Rewrite the configuration and make Mosquitto re-read it, with the ACL, the
@@ -218,6 +253,7 @@ class ManagedBroker:
                     raise BrokerError(f"mosquitto {proc.pid} survived SIGKILL") from exc
         if proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
             log.warning("mosquitto %d exited with status %s", proc.pid, proc.returncode)
+        self._pid_path.unlink(missing_ok=True)
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.join(5.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -513,3 +514,31 @@ def test_packet_over_the_limit_is_not_delivered(pki: Pki, tmp_path: Path) -> Non
         assert fleet.flush() == []
         fleet.close()
         dev_a.close()
+
+
+def test_a_broker_left_by_a_killed_server_is_stopped_by_the_next_start(
+    pki: Pki, tmp_path: Path
+) -> None:
+    config = _config(pki, tmp_path / "orphan")
+    spec = tmp_path / "broker.json"
+    spec.write_text(config.model_dump_json())
+    driver = Path(__file__).with_name("broker_orphan_driver.py")
+    server = subprocess.Popen(
+        [sys.executable, str(driver), str(spec)], stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None
+    orphan = int(server.stdout.readline().split()[1])
+    server.kill()  # the server dies; its Mosquitto (own session) does not
+    server.wait(10)
+    assert Path(f"/proc/{orphan}").exists()
+    again = ManagedBroker(config)
+    again.start()  # would fail with the port in use if the orphan were still there
+    try:
+        assert again.running
+        assert again.pid != orphan
+        assert (
+            not Path(f"/proc/{orphan}").exists()
+            or b"zombie" in Path(f"/proc/{orphan}/status").read_bytes().lower()
+        )
+    finally:
+        again.stop()

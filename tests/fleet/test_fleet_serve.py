@@ -114,9 +114,13 @@ def served(
     try:
         yield proc, f"http://127.0.0.1:{api}", mqtt, tmp_path / "state"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(STOP_TIMEOUT_S)
+        if proc.poll() is None:  # SIGTERM: the server stops its Mosquitto child too
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(STOP_TIMEOUT_S)
 
 
 def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
