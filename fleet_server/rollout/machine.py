@@ -100,7 +100,7 @@ class _Run:
             return
         if isinstance(ev, Approve):
             by = f" by {ev.by}" if ev.by else ""
-            self.next_wave(f"wave {self.r.wave + 1} approved{by}")
+            self.next_wave(f"wave {self.r.wave + 2} approved{by}")  # the wave it starts
         elif isinstance(ev, Pause):
             self.pause(f"paused by operator{': ' + ev.reason if ev.reason else ''}")
         elif isinstance(ev, Resume):
@@ -274,9 +274,12 @@ class _Run:
     # -- devices --------------------------------------------------------------------
 
     def fill(self) -> None:
-        """Assign pending, online devices outside a shift, in order, up to the wave's target."""
+        """Assign pending, online devices outside a shift, in order, up to the wave's target.
+        A failure the operator waived does not hold a place: another device takes it, so
+        a wave whose canary was waived still gets a device done as evidence."""
         wave = self.waves[self.r.wave]
-        room = wave.target - sum(1 for d in self.devices.values() if d.wave is not None)
+        taken = sum(1 for d in self.devices.values() if d.wave is not None and not d.waived)
+        room = wave.target - taken
         added: list[str] = []
         for device_id in self.r.order:
             if room <= 0:

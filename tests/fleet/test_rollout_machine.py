@@ -240,6 +240,23 @@ def test_failed_gate_without_rollback_policy_only_pauses_and_resume_accepts_it()
     assert f.r.order[1] in f.r.reason
 
 
+def test_a_waived_failed_canary_gives_its_place_to_another_device_at_once() -> None:
+    f = _fleet(20, _spec(rollback_done_waves_on_failure=False))
+    canary = f.r.order[0]
+    f.bad = {canary}
+    f.run()
+    assert f.r.phase is Phase.PAUSED
+    assert f.r.reason.startswith("gate failed in wave 1")
+    f.bad = set()
+    f.send(Resume(f.now))
+    assert f.r.devices[canary].waived
+    assert f.assigns()[-1] == f.r.order[1]  # assigned on resume, not after a timeout
+    f.run()
+    assert f.r.phase is Phase.COMPLETED_PARTIAL
+    assert f.r.count(S.DONE) == 19
+    assert not any("timeout" in t.reason for t in f.r.history)
+
+
 def test_approval_blocks_the_next_wave_until_approve() -> None:
     f = _fleet(20, _spec(approval_between_waves=True))
     f.run()
@@ -252,7 +269,8 @@ def test_approval_blocks_the_next_wave_until_approve() -> None:
     assert f.r.phase is Phase.ASSIGNING
     assert f.r.wave == 1
     assert len(f.assigns()) == 2
-    assert f.r.history[-1].reason == "wave 1 approved by ops"
+    assert f.r.history[-1].reason == "wave 2 approved by ops"
+    assert f.r.history[-1].wave == 2  # the transition and its reason name the same wave
     for _ in range(2):
         f.run()
         assert f.r.phase is Phase.AWAITING_APPROVAL
@@ -766,7 +784,8 @@ def _check(old: Rollout, ev: Event, new: Rollout, out: list[Command], w: Watch) 
             assert w.reverts.get(cmd.device_id, 0) == 0
             w.reverts[cmd.device_id] = 1
     if new.waves:
-        assert new.assigned() <= new.waves[new.wave].target, "assigned beyond the current wave"
+        holding = sum(1 for d in new.devices.values() if d.wave is not None and not d.waived)
+        assert holding <= new.waves[new.wave].target, "assigned beyond the current wave"
     assert new.wave >= old.wave
     if new.wave > old.wave and policy.approval_between_waves:
         assert isinstance(ev, Approve), "next wave started without approval"

@@ -267,8 +267,12 @@ def test_without_rollback_by_policy_a_failed_gate_pauses_and_resume_accepts_the_
 
     before = len(s.sent)
     view = s.service.act(rid, "resume")
-    assert (view["phase"], view["wave"]) == ("assigning", 3)  # the failure is accepted
-    assert len(s.sent) == before + 2
+    # the failure is accepted and gives its place in wave 2 to the next device
+    assert (view["phase"], view["wave"]) == ("assigning", 2)
+    assert s.status(rid)[second] == "failed"
+    (replacement,) = [sent[0].split("/")[2] for sent in s.sent[before:]]
+    assert replacement not in (canary, second)
+    assert s.status(rid)[replacement] == "assigned"
 
 
 def test_p99_over_the_bundles_budget_after_the_switch_fails_the_gate(
