@@ -28,6 +28,7 @@ from fleet_server.cli_repo import (
     add_keys,
     add_repo,
 )
+from fleet_server.cli_users import add_users_commands
 from fleet_server.errors import FleetError
 from runtime.cli import parse_shape
 
@@ -129,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetctl",
         description="Operate an edgefleet fleet: signing keys, the bundle repository, "
-        "model bundles and directives.",
+        "model bundles, directives, devices, rollouts and users.",
         epilog="example:\n  fleetctl bundle init model.onnx --out bundles/my-model\n"
         "  fleetctl bundle publish bundles/my-model --repo repo --keystore keys",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bundle(commands)
     add_directive(commands)
     add_fleet_commands(commands)
+    add_users_commands(commands)
     return parser
 
 

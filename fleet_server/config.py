@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError
 
 from agent.configbase import Section
 from agent.errors import ConfigError
+from fleet_server.auth.config import AuthSection
 from fleet_server.broker import MosquittoConfig
 from fleet_server.db import sqlite_url
 from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
@@ -68,8 +69,10 @@ class HttpSection(Section):
     operator_token_env: str | None = Field(
         None,
         description="Name of the environment variable (or $CREDENTIALS_DIRECTORY file) "
-        "holding the operator API token; when set, every endpoint but enrollment and "
-        "/healthz needs 'Authorization: Bearer <token>'. Required on a non-loopback host.",
+        "holding the operator API token ('Authorization: Bearer <token>', the operator "
+        "role; for scripts and fleetctl). Without it only signed-in users reach the API "
+        "(every endpoint but enrollment, /healthz and /login needs one or the other). "
+        "Required on a non-loopback host.",
     )
     max_concurrency: int = Field(
         100, ge=1, le=10_000, description="Requests served at once; more are answered 503."
@@ -265,6 +268,7 @@ class FleetServerConfig(Section):
     )
     ingest: IngestSection = Field(default_factory=IngestSection, description="Ingest.")
     rollouts: RolloutsSection = Field(default_factory=RolloutsSection, description="Rollouts.")
+    auth: AuthSection = Field(default_factory=AuthSection, description="Sign-in sessions.")
 
     @property
     def state_dir(self) -> Path:

@@ -1,32 +1,44 @@
 """The fleet server's HTTP API: an app factory over a :class:`ServerContext`.
 
 Endpoints (OpenAPI at ``/openapi.json``, browsable at ``/docs``): ``GET /healthz``,
-``POST /api/v1/enroll`` (the device's one-time token is its credential), and the operator
-endpoints under ``/api/v1`` (devices, telemetry, tokens, revocation, bundles, rollouts).
-With an operator token configured, operator endpoints need
-``Authorization: Bearer <token>`` (401 otherwise). Every error answers
-``{"detail": "<one line>"}``.
+``POST /api/v1/enroll`` (the device's one-time token is its credential), ``POST /login``,
+``POST /logout``, ``GET /api/v1/me``, and the fleet endpoints under ``/api/v1`` (devices,
+telemetry, tokens, revocation, bundles, rollouts). Each fleet endpoint names the
+permission it needs (:func:`fleet_server.auth.deps.require`): the operator's bearer token
+has them all, a signed-in user those of their role (docs/users-and-roles.md). No or a
+wrong credential: 401; a role without the permission, or a cookie-authenticated change
+without its CSRF token: 403. Every error answers ``{"detail": "<one line>"}``.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
-from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from agent.errors import AgentError
 from fleet_server.api.context import ServerContext
 from fleet_server.api.devices import devices_router
 from fleet_server.api.enroll import enroll_router
+from fleet_server.api.login import login_router
 from fleet_server.api.models import HealthOut, error_responses
 from fleet_server.api.ports import ActionRefused
 from fleet_server.api.rollouts import rollouts_router
+from fleet_server.auth import (
+    AuthBusy,
+    AuthService,
+    BadUsername,
+    LoginLocked,
+    LoginRefused,
+    UnknownRole,
+    UnknownUser,
+    UserExists,
+    WeakPassword,
+)
+from fleet_server.auth.deps import Gate, install
 from fleet_server.broker import BrokerError
 from fleet_server.ca import CAError, NameRefused
 from fleet_server.db import RolloutConflict, StorageError, TokenRejected
@@ -36,13 +48,20 @@ from fleet_server.rollout import RolloutError
 log = logging.getLogger(__name__)
 
 API_VERSION = "1"
-bearer = HTTPBearer(auto_error=False, description="The operator API token.")
 
 
 def error_status(exc: Exception) -> int:
     """The HTTP status of a library error."""
     table: tuple[tuple[type[Exception], int], ...] = (
         (TokenRejected, 403),
+        (LoginRefused, 401),
+        (LoginLocked, 429),
+        (AuthBusy, 503),
+        (UnknownUser, 404),
+        (UserExists, 409),
+        (BadUsername, 400),
+        (WeakPassword, 400),
+        (UnknownRole, 400),
         (RolloutConflict, 409),
         (ActionRefused, 409),
         (RolloutError, 400),
@@ -99,22 +118,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
     )
     _install_error_handlers(app)
 
-    def require_operator(
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> None:
-        expected = ctx.operator_token
-        if expected is None:
-            return
-        given = creds.credentials if creds is not None else ""
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise HTTPException(
-                401,
-                "missing or wrong operator token (Authorization: Bearer <token>)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    operator = [Depends(require_operator)]
-    unauthorized = error_responses(e401="No or wrong operator token")
+    install(app, Gate(AuthService(ctx.engine, ctx.config.auth), ctx.operator_token))
+    unauthorized = error_responses(
+        e401="Not signed in, or a wrong operator token",
+        e403="The role lacks the permission, or the CSRF token is missing or wrong",
+    )
 
     @app.get(
         "/healthz",
@@ -142,6 +150,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
         )
 
     app.include_router(enroll_router(ctx))
-    app.include_router(devices_router(ctx), dependencies=operator, responses=unauthorized)
-    app.include_router(rollouts_router(ctx), dependencies=operator, responses=unauthorized)
+    app.include_router(login_router())
+    app.include_router(devices_router(ctx), responses=unauthorized)
+    app.include_router(rollouts_router(ctx), responses=unauthorized)
     return app

@@ -1,5 +1,5 @@
-"""Operator endpoints on devices and bundles: list, show, telemetry, enrollment tokens,
-revocation, published bundles."""
+"""Endpoints on devices and bundles: list, show, telemetry, published bundles
+(``fleet:read``); enrollment tokens and revocation (``devices:write``)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from fleet_server.api.models import (
     TokenOut,
     error_responses,
 )
+from fleet_server.auth.deps import require
 from fleet_server.ca import NameRefused, check_name
 from fleet_server.db import store
 from fleet_server.db.store import Device, Record
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 TOKEN_BYTES = 32
 MAX_RECENT = 500
 NOT_FOUND = error_responses(e404="No such device")
+READ = [require("fleet:read")]
+WRITE = [require("devices:write")]
 
 
 def device_out(device: Device) -> DeviceOut:
@@ -63,7 +66,7 @@ def _labels(labels: dict[str, str], profile: str) -> None:
 
 
 def devices_router(ctx: ServerContext) -> APIRouter:
-    """Device registry and bundle endpoints (operator)."""
+    """Device registry and bundle endpoints."""
     router = APIRouter(prefix="/api/v1", tags=["devices"])
 
     def get_or_404(device_id: str) -> Device:
@@ -72,7 +75,7 @@ def devices_router(ctx: ServerContext) -> APIRouter:
             raise HTTPException(404, f"no device {device_id!r}")
         return device
 
-    @router.get("/devices")
+    @router.get("/devices", dependencies=READ)
     def list_devices(
         selector: Annotated[
             str | None, Query(description="'line=3,profile=x86-gateway' or '*'")
@@ -81,12 +84,12 @@ def devices_router(ctx: ServerContext) -> APIRouter:
         """Registered devices matching every key=value of the selector, by id."""
         return [device_out(d) for d in store.list_devices(ctx.engine, _selector(selector))]
 
-    @router.get("/devices/{device_id}", responses=NOT_FOUND)
+    @router.get("/devices/{device_id}", responses=NOT_FOUND, dependencies=READ)
     def show_device(device_id: str) -> DeviceOut:
         """One device: last seen, online, agent version, active and previous bundle, health."""
         return device_out(get_or_404(device_id))
 
-    @router.get("/devices/{device_id}/telemetry", responses=NOT_FOUND)
+    @router.get("/devices/{device_id}/telemetry", responses=NOT_FOUND, dependencies=READ)
     def telemetry(
         device_id: str,
         limit: Annotated[int, Query(ge=1, le=MAX_RECENT, description="Records of each kind")] = 20,
@@ -105,7 +108,7 @@ def devices_router(ctx: ServerContext) -> APIRouter:
             samples=[_record(r) for r in store.list_telemetry(ctx.engine, device_id, limit=limit)],
         )
 
-    @router.post("/devices/{device_id}/tokens", status_code=201)
+    @router.post("/devices/{device_id}/tokens", status_code=201, dependencies=WRITE)
     def create_token(device_id: str, body: TokenIn) -> TokenOut:
         """A one-time enrollment token for the device; shown once, only its hash is kept."""
         try:
@@ -131,7 +134,7 @@ def devices_router(ctx: ServerContext) -> APIRouter:
             profile=stored.profile,
         )
 
-    @router.post("/devices/{device_id}/revoke", responses=NOT_FOUND)
+    @router.post("/devices/{device_id}/revoke", responses=NOT_FOUND, dependencies=WRITE)
     def revoke(device_id: str) -> RevokeOut:
         """Revoke every certificate of the device and reload the broker's CRL."""
         get_or_404(device_id)
@@ -145,7 +148,7 @@ def devices_router(ctx: ServerContext) -> APIRouter:
             broker_reloaded=reloaded,
         )
 
-    @router.get("/bundles", tags=["bundles"])
+    @router.get("/bundles", tags=["bundles"], dependencies=READ)
     def bundles() -> list[BundleOut]:
         """Published bundle releases, by name and release."""
         return [BundleOut.model_validate(b.to_dict()) for b in ctx.repository.bundles()]

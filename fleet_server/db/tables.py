@@ -2,8 +2,10 @@
 
 Timestamps are Unix seconds (float). JSON columns are JSONB on PostgreSQL. Records
 uploaded by devices carry ids generated on the device, and their primary keys make a
-second copy of a record a no-op (see docs/fleet-storage.md). Changing a table here needs
-a new migration under ``migrations/versions``; a test compares the two.
+second copy of a record a no-op (see docs/fleet-storage.md). Users and their sign-in
+sessions (only a hash of each session id is kept) belong to :mod:`fleet_server.auth`.
+Changing a table here needs a new migration under ``migrations/versions``; a test
+compares the two.
 """
 
 from __future__ import annotations
@@ -146,4 +148,32 @@ rollout_devices = sa.Table(
     sa.Column("wave", sa.Integer, nullable=False),
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("username", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("password_hash", sa.Text, nullable=False),
+    sa.Column("disabled", sa.Boolean, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("password_changed_at", TS, nullable=False),
+)
+
+user_sessions = sa.Table(
+    "user_sessions",
+    metadata,
+    sa.Column("session_hash", sa.Text, primary_key=True),
+    sa.Column(
+        "username",
+        sa.Text,
+        sa.ForeignKey("users.username", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    sa.Column("csrf_token", sa.Text, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("last_seen", TS, nullable=False),
+    sa.Column("expires_at", TS, nullable=False, index=True),
 )
