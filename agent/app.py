@@ -45,6 +45,9 @@ from runtime.profiles import load_profile
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 1.0
+ALARM_EVENT_INTERVAL_S = 60.0
+"""An alarm of one kind reaches the fleet as an event at most this often (a full disk
+raises one per failed write)."""
 
 
 class Agent:
@@ -93,6 +96,8 @@ class Agent:
         self.resolve: Resolver | None = resolve
         self.identity: Identity | None = None
         self.uplink: Uplink | None = None
+        self._alarm_lock = threading.Lock()
+        self._alarm_sent: dict[str, tuple[float | None, int]] = {}
         self._loaded: dict[str, list[Path]] = {}
         self._reload_lock = threading.Lock()
         self.outcome_counts: dict[str, int] = {}
@@ -392,15 +397,25 @@ class Agent:
 
     def _alarm(self, kind: str, message: str) -> None:
         """An alarm of a part (the decision log): counted, logged, and reported to the
-        fleet as an ``alarm`` event through the outbox (in order, also when offline)."""
+        fleet as an ``alarm`` event through the outbox (in order, also when offline), at
+        most one per kind every :data:`ALARM_EVENT_INTERVAL_S`; the next one says how
+        many were folded into it (``repeated``)."""
         self._count_alarm(kind, message)
         log.error("alarm %s: %s", kind, message)
         uplink = self.uplink
-        if uplink is not None:
-            try:
-                uplink.event("alarm", {"alarm": kind, "message": message})
-            except AgentError as e:
-                log.error("alarm %s not queued for the fleet: %s", kind, e)  # noqa: TRY400
+        if uplink is None:
+            return
+        now = time.monotonic()
+        with self._alarm_lock:
+            last, folded = self._alarm_sent.get(kind, (None, 0))
+            if last is not None and now - last < ALARM_EVENT_INTERVAL_S:
+                self._alarm_sent[kind] = (last, folded + 1)
+                return
+            self._alarm_sent[kind] = (now, 0)
+        try:
+            uplink.event("alarm", {"alarm": kind, "message": message, "repeated": folded})
+        except AgentError as e:
+            log.error("alarm %s not queued for the fleet: %s", kind, e)  # noqa: TRY400
 
     def _count_alarm(self, kind: str, _message: str) -> None:
         self.metrics.alarms.labels(kind=kind).inc()
