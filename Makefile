@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 MODELS := .cache/models/.fetched-stamp
 
-.PHONY: demo test bench lint typecheck models venv sysdeps clean
+.PHONY: demo test bench hil lint typecheck models venv sysdeps clean
 
 venv: $(STAMP)
 
@@ -25,9 +25,12 @@ $(STAMP): pyproject.toml
 # Debian packages the agent and its tests run for real: Mosquitto (the local broker the
 # project starts on loopback, and its clients), FFmpeg (the test stream server) and
 # the sqlite3 shell (the decision log is read with it as documented), and PostgreSQL
-# (the fleet server's storage tests start their own cluster on loopback).
-SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3
-SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql
+# (the fleet server's storage tests start their own cluster on loopback). The HIL harness
+# (hil/) needs iproute2 (ip netns, veth, tc), nftables (packet loss without sch_netem),
+# libfaketime (the clock-jump fault) and curl (a device's local HTTP endpoint).
+SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl
+SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
+	faketime curl
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
@@ -76,6 +79,15 @@ bench: sysdeps $(STAMP) $(MODELS)
 	  --duration 20 --load 0.6 --json .cache/bench-agent.json
 	$(VENV)/bin/edge-agent bench-log --rows 200000 --json .cache/bench-log.json
 	$(PY) -m fleet_server.bench_fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
+	$(PY) -m fleet_server.bench_drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
+	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
+
+# The six HIL scenarios at CI size (60 s offline and 60 s of loss instead of 10 and 5
+# minutes; the same invariants): a real fleet-server and real agents, each in a network
+# namespace of its own (needs root). Writes .cache/hil/report.json, prints the table,
+# and fails when an invariant does not hold.
+hil: sysdeps $(STAMP) $(MODELS)
+	$(VENV)/bin/hil run all --short --report .cache/hil/report.json
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,81 @@
+"""Fixtures of the HIL harness tests: a simulated LAN (a bridge of its own, not the one
+``hil run`` makes) and simulated devices on it, in real network namespaces.
+
+Network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN); where this user can't make
+them, the tests that need them are skipped with the reason ``ip netns add`` gave: that
+is a property of the machine, not a missing package (``make sysdeps`` installs iproute2).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hil import netns, shell
+from hil.device import RunningProc
+from hil.sim import SimDevice
+
+TEST_BRIDGE = "efhil-tbr"
+FIRST_INDEX = 150  # hil run numbers its devices from 0
+
+
+@pytest.fixture(scope="session")
+def lan() -> Iterator[netns.Lan]:
+    why = netns.netns_supported()
+    if why is not None:
+        pytest.skip(f"network namespaces are not available here: {why}")
+    shell.run(["ip", "link", "del", TEST_BRIDGE], check=False)  # an earlier session's
+    net = netns.Lan(netns.pick_subnet(), name=TEST_BRIDGE)
+    net.create()
+    try:
+        yield net
+    finally:
+        net.destroy()
+
+
+_next = iter(range(FIRST_INDEX, netns.MAX_DEVICES))
+
+
+@pytest.fixture
+def sim(lan: netns.Lan, tmp_path: Path) -> Iterator[SimDevice]:
+    """A device namespace on the LAN (no broker, no agent: tests start what they need)."""
+    index = next(_next)
+    netns.cleanup_stale([f"{netns.PREFIX}-{index}"])  # an earlier session's
+    dev = SimDevice(f"t{index}", lan, index, tmp_path)
+    Path(dev.home).mkdir(parents=True)
+    dev.ns.create()
+    try:
+        yield dev
+    finally:
+        dev.teardown()
+
+
+def serve_in(dev: SimDevice, code: str, name: str) -> RunningProc:
+    """A Python program run inside the device's namespace, kept running (stopped with
+    the device)."""
+    return dev.spawn([sys.executable, "-c", code], name=name)
+
+
+def wait_listening(dev: SimDevice, port: int, proc: RunningProc) -> None:
+    deadline = time.monotonic() + 10
+    while not dev.listening(port):
+        assert proc.alive(), proc.tail()
+        assert time.monotonic() < deadline, f"nothing listens on {port} in {dev.ns.name}"
+        time.sleep(0.05)
+
+
+def run_in(dev: SimDevice, code: str, timeout_s: float = 30) -> str:
+    """Run a Python snippet inside the namespace; its stdout."""
+    done = subprocess.run(
+        dev.ns.exec_argv([sys.executable, "-c", code]),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
+    )
+    return done.stdout
