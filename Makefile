@@ -27,10 +27,12 @@ $(STAMP): pyproject.toml
 # the sqlite3 shell (the decision log is read with it as documented), and PostgreSQL
 # (the fleet server's storage tests start their own cluster on loopback). The HIL harness
 # (hil/) needs iproute2 (ip netns, veth, tc), nftables (packet loss without sch_netem),
-# libfaketime (the clock-jump fault) and curl (a device's local HTTP endpoint).
-SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl
+# libfaketime (the clock-jump fault) and curl (a device's local HTTP endpoint). The web
+# console's browser tests drive Debian's headless Chromium (with a font to render text).
+SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
+	chromium
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
-	faketime curl
+	faketime curl chromium fonts-dejavu-core
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
@@ -81,6 +83,9 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(PY) -m fleet_server.bench_fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 	$(PY) -m fleet_server.bench_drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
+	$(PY) -m fleet_server.review.bench --decisions 1000000 --devices 1000 --json .cache/bench-review.json
+	$(PY) -m fleet_server.review.bench --decisions 1000000 --devices 1000 --postgres \
+	  --json .cache/bench-review-pg.json
 
 # The six HIL scenarios at CI size (60 s offline and 60 s of loss instead of 10 and 5
 # minutes; the same invariants): a real fleet-server and real agents, each in a network

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from agent.errors import AgentError
 from fleet_server.api.context import ServerContext
+from fleet_server.api.decisions import decisions_router
 from fleet_server.api.devices import devices_router
 from fleet_server.api.enroll import enroll_router
 from fleet_server.api.login import login_router
@@ -44,6 +45,7 @@ from fleet_server.ca import CAError, NameRefused
 from fleet_server.db import RolloutConflict, StorageError, TokenRejected
 from fleet_server.errors import FleetError, KeystoreError, RepoError
 from fleet_server.rollout import RolloutError
+from fleet_server.web.console import install_console
 
 log = logging.getLogger(__name__)
 
@@ -153,4 +155,6 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(login_router())
     app.include_router(devices_router(ctx), responses=unauthorized)
     app.include_router(rollouts_router(ctx), responses=unauthorized)
+    app.include_router(decisions_router(ctx), responses=unauthorized)
+    install_console(app, ctx)
     return app

@@ -177,3 +177,75 @@ user_sessions = sa.Table(
     sa.Column("last_seen", TS, nullable=False),
     sa.Column("expires_at", TS, nullable=False, index=True),
 )
+
+# -- decision review (fleet_server.review, docs/decision-review.md) ---------------------
+
+LINE_EXPRESSION = {
+    "sqlite": "json_extract(payload, '$.line')",
+    "postgresql": "(payload ->> 'line')",
+}
+"""The decision row's ``line`` as SQL, per dialect: the expression of the indexes
+``ix_decisions_line_ts`` and ``ix_decisions_device_id_line_ts``; a query must spell it
+the same way for an index to serve it. (The indexes below are declared with the
+PostgreSQL form, which the migration tests compare; SQLite can't reflect expression
+indexes, and the migration builds them there with the SQLite form.)"""
+
+sa.Index("ix_decisions_ts", decisions.c.ts)
+sa.Index("ix_decisions_outcome_ts", decisions.c.outcome, decisions.c.ts)
+sa.Index("ix_decisions_source_ts", decisions.c.source, decisions.c.ts)
+sa.Index("ix_decisions_model_version_ts", decisions.c.model_version, decisions.c.ts)
+sa.Index("ix_decisions_line_ts", sa.text(LINE_EXPRESSION["postgresql"]), decisions.c.ts)
+sa.Index(
+    "ix_decisions_device_id_line_ts",
+    decisions.c.device_id,
+    sa.text(LINE_EXPRESSION["postgresql"]),
+    decisions.c.ts,
+)
+
+decision_reviews = sa.Table(
+    "decision_reviews",
+    metadata,
+    sa.Column(
+        "decision_id",
+        sa.Text,
+        sa.ForeignKey("decisions.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("seq", sa.BigInteger, nullable=False, unique=True),
+    sa.Column("decision_ts", TS, nullable=False),
+    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("line", sa.Text, nullable=False),
+    sa.Column("model_name", sa.Text, nullable=False),
+    sa.Column("model_version", sa.Text, nullable=False),
+    sa.Column("decided", sa.Text, nullable=False),
+    sa.Column("verdict", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("note", sa.Text, nullable=False),
+    sa.Column("reviewer", sa.Text, nullable=False),
+    sa.Column("reviewed_at", TS, nullable=False),
+    sa.Index(None, "decision_ts", "decision_id"),
+)
+"""The current review of a decision (its ground-truth label): one row per reviewed
+decision, replaced by a newer review; ``seq`` is the newest entry of
+``decision_review_log`` for it, the cursor of ``GET /api/v1/labels``."""
+
+decision_review_log = sa.Table(
+    "decision_review_log",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+    sa.Column(
+        "decision_id",
+        sa.Text,
+        sa.ForeignKey("decisions.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    sa.Column("decided", sa.Text, nullable=False),
+    sa.Column("verdict", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("note", sa.Text, nullable=False),
+    sa.Column("reviewer", sa.Text, nullable=False),
+    sa.Column("reviewed_at", TS, nullable=False),
+    sqlite_autoincrement=True,  # a seq is never used twice, not even after a delete
+)
+"""Every review ever given, oldest first (an override of an override keeps both)."""

@@ -1,0 +1,293 @@
+"""Request and response bodies of the decision review endpoints
+(:mod:`fleet_server.api.decisions`), and their conversion from
+:mod:`fleet_server.review`'s types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet_server.api.models import ApiModel
+from fleet_server.review import (
+    Accuracy,
+    DecisionDetail,
+    DecisionSummary,
+    Label,
+    Page,
+    Review,
+    Verdict,
+    encode_cursor,
+)
+from fleet_server.review.reviews import MAX_NOTE
+
+IMAGE_NOTE = (
+    "Decision uploads carry no pixels: the device keeps its thumbnails in its own "
+    "decision log (thumbnail_on_device is the path there, when it kept one)."
+)
+
+
+class ReviewIn(BaseModel):
+    """A review: confirm the device's outcome, or override it with the right one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: Verdict = Field(description="'confirm' or 'override'.")
+    outcome: str | None = Field(
+        None,
+        max_length=200,
+        description="The right outcome: needed to override (and other than the device's); "
+        "to confirm, leave it out or give the device's own.",
+    )
+    note: str = Field("", max_length=MAX_NOTE, description="Why, for the record.")
+
+
+class ReviewOut(ApiModel):
+    """A review of a decision; the current one is the decision's ground-truth label."""
+
+    seq: int = Field(description="Its place in the review log (the labels feed's cursor).")
+    decided: str = Field(description="What the device decided.")
+    verdict: str = Field(description="'confirm' or 'override'.")
+    outcome: str = Field(description="The outcome the reviewer says is right.")
+    note: str = Field(description="The reviewer's note.")
+    reviewer: str = Field(description="Who reviewed (user name, or '@operator-token').")
+    reviewed_at: float = Field(description="When (Unix seconds).")
+
+
+def review_out(review: Review) -> ReviewOut:
+    """The API form of a review."""
+    return ReviewOut(**vars(review))
+
+
+class DecisionRowOut(ApiModel):
+    """One row of the decision table."""
+
+    id: str = Field(description="The device's UUIDv7 of the decision.")
+    ts: float = Field(description="Decision time (Unix seconds).")
+    capture_time: float | None = Field(description="Capture time of the frame or reading.")
+    device_id: str = Field(description="The deciding device.")
+    site: str = Field(description="The device's site label ('' without one).")
+    line: str = Field(description="The row's line, else the device's line label.")
+    source: str = Field(description="Camera or sensor.")
+    outcome: str = Field(description="What the device decided.")
+    model_name: str = Field(description="The (first) model of the pipeline.")
+    model_version: str = Field(description="Its version.")
+    bundle_digest: str = Field(description="Digest of the bundle that decided.")
+    top_score: float | None = Field(description="Best score of the model's outputs.")
+    top_label: str | None = Field(description="Label of that score.")
+    e2e_ms: float | None = Field(description="Capture to decision, ms.")
+    reviewed: bool = Field(description="Someone reviewed it.")
+    reviewed_outcome: str | None = Field(description="The outcome the current review set.")
+    review: ReviewOut | None = Field(description="The current review.")
+
+
+def row_out(row: DecisionSummary) -> DecisionRowOut:
+    """The API form of a list row."""
+    fields = {k: v for k, v in vars(row).items() if k != "review"}
+    r = row.review
+    return DecisionRowOut(
+        **fields,
+        reviewed=r is not None,
+        reviewed_outcome=None if r is None else r.outcome,
+        review=None if r is None else review_out(r),
+    )
+
+
+class DecisionPageOut(ApiModel):
+    """A page of decisions, newest first (by decision time, then id)."""
+
+    rows: list[DecisionRowOut] = Field(description="The decisions.")
+    next_cursor: str | None = Field(
+        description="Pass as cursor (with the same filters) for the next page; null on the last."
+    )
+    limit: int = Field(description="The page size asked for.")
+
+
+def page_out(page: Page, limit: int) -> DecisionPageOut:
+    """The API form of a page."""
+    cursor = None if page.next_cursor is None else encode_cursor(page.next_cursor)
+    return DecisionPageOut(rows=[row_out(r) for r in page.rows], next_cursor=cursor, limit=limit)
+
+
+class BoxOut(ApiModel):
+    """A box to draw on the frame, in frame pixels (x1, y1, x2, y2)."""
+
+    box: list[float] = Field(description="x1, y1, x2, y2 in frame pixels.")
+    score: float | None = Field(description="Its score.")
+    label: str | None = Field(description="Its label.")
+    kind: str = Field(description="'detection' (the first model) or 'crop' (the next one).")
+
+
+def _boxes(outputs: Any) -> list[BoxOut]:
+    if not isinstance(outputs, dict):
+        return []
+    out = []
+    for key, kind in (("boxes", "detection"), ("crops", "crop")):
+        entries = outputs.get(key)
+        for entry in entries if isinstance(entries, list) else []:
+            box = entry.get("box") if isinstance(entry, dict) else None
+            if not (isinstance(box, list) and len(box) == 4):
+                continue
+            if not all(isinstance(v, (int, float)) for v in box):
+                continue
+            score, label = entry.get("score"), entry.get("label")
+            out.append(
+                BoxOut(
+                    box=[float(v) for v in box],
+                    score=float(score) if isinstance(score, (int, float)) else None,
+                    label=label if isinstance(label, str) else None,
+                    kind=kind,
+                )
+            )
+    return out
+
+
+class DecisionDetailOut(DecisionRowOut):
+    """A decision in whole: the table row's fields and what the device recorded."""
+
+    decision_time: float | None = Field(description="Decision time the device recorded.")
+    backend: str | None = Field(description="Inference backend.")
+    config_hash: str | None = Field(description="Hash of the device's decision config.")
+    input_digest: str | None = Field(description="Digest of the model input.")
+    outputs: dict[str, Any] = Field(description="Post-processed model outputs.")
+    boxes: list[BoxOut] = Field(description="Boxes of the outputs, to draw on the image.")
+    thresholds: dict[str, Any] = Field(description="Thresholds the policy applied.")
+    latencies_ms: dict[str, Any] = Field(description="Per stage, ms.")
+    thumbnail_on_device: str | None = Field(description="Thumbnail path on the device, if kept.")
+    image: str | None = Field(description="Always null: " + IMAGE_NOTE)
+    image_note: str = Field(description="Why there is no image.")
+    device_labels: dict[str, str] = Field(description="The device's labels.")
+    history: list[ReviewOut] = Field(description="Its reviews, newest first.")
+    payload: dict[str, Any] = Field(description="The row as the device uploaded it.")
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def detail_out(detail: DecisionDetail) -> DecisionDetailOut:
+    """The API form of a decision in whole."""
+    p = detail.payload
+    decided_at = p.get("decision_time")
+    thumb = _str(p.get("thumbnail"))
+    return DecisionDetailOut(
+        **row_out(detail.summary).model_dump(),
+        decision_time=float(decided_at) if isinstance(decided_at, (int, float)) else None,
+        backend=_str(p.get("backend")),
+        config_hash=_str(p.get("config_hash")),
+        input_digest=_str(p.get("input_digest")),
+        outputs=_dict(p.get("outputs")),
+        boxes=_boxes(p.get("outputs")),
+        thresholds=_dict(p.get("thresholds")),
+        latencies_ms=_dict(p.get("latencies_ms")),
+        thumbnail_on_device=thumb or None,
+        image=None,
+        image_note=IMAGE_NOTE,
+        device_labels=detail.labels,
+        history=[review_out(r) for r in detail.history],
+        payload=p,
+    )
+
+
+class ConfusionOut(ApiModel):
+    """How often the device decided one outcome and the review set another (or the same)."""
+
+    decided: str = Field(description="What the device decided.")
+    reviewed: str = Field(description="What the review set.")
+    count: int = Field(description="How many reviews.")
+
+
+class AccuracyGroupOut(ApiModel):
+    """Accuracy of one group of reviewed decisions."""
+
+    key: dict[str, str] = Field(description="The group's values, by group key.")
+    reviewed: int = Field(description="Reviewed decisions.")
+    confirmed: int = Field(description="Reviews that confirmed the device.")
+    overridden: int = Field(description="Reviews that changed the outcome.")
+    accuracy: float = Field(description="confirmed / reviewed.")
+    confusion: list[ConfusionOut] = Field(description="Decided -> reviewed outcome counts.")
+
+
+class AccuracyOut(ApiModel):
+    """Accuracy per group, from the reviews (the ground-truth labels)."""
+
+    group: list[str] = Field(description="The group keys.")
+    groups: list[AccuracyGroupOut] = Field(description="One per group with reviews.")
+    total: AccuracyGroupOut | None = Field(description="All groups together (null: none).")
+
+
+def _group_out(acc: Accuracy) -> AccuracyGroupOut:
+    return AccuracyGroupOut(
+        key=acc.key,
+        reviewed=acc.reviewed,
+        confirmed=acc.confirmed,
+        overridden=acc.overridden,
+        accuracy=acc.accuracy,
+        confusion=[
+            ConfusionOut(decided=d, reviewed=r, count=n)
+            for (d, r), n in sorted(acc.confusion.items())
+        ],
+    )
+
+
+def accuracy_out(group: list[str], groups: list[Accuracy]) -> AccuracyOut:
+    """The API form of accuracy per group."""
+    total = None
+    if groups:
+        pairs: dict[tuple[str, str], int] = {}
+        for acc in groups:
+            for pair, n in acc.confusion.items():
+                pairs[pair] = pairs.get(pair, 0) + n
+        total = Accuracy(
+            {},
+            sum(a.reviewed for a in groups),
+            sum(a.confirmed for a in groups),
+            pairs,
+        )
+    return AccuracyOut(
+        group=group,
+        groups=[_group_out(a) for a in groups],
+        total=None if total is None else _group_out(total),
+    )
+
+
+class LabelOut(ApiModel):
+    """A ground-truth label: a decision's current review and what finds its input."""
+
+    seq: int = Field(description="Cursor: ask with since=<the last seq you stored>.")
+    decision_id: str = Field(description="The decision.")
+    decision_ts: float = Field(description="Its decision time.")
+    capture_time: float | None = Field(description="Capture time of its input.")
+    device_id: str = Field(description="The deciding device.")
+    line: str = Field(description="Its line when reviewed.")
+    source: str = Field(description="Camera or sensor.")
+    model_name: str = Field(description="Model that decided.")
+    model_version: str = Field(description="Its version.")
+    bundle_digest: str = Field(description="Bundle that decided.")
+    input_digest: str = Field(description="Digest of the model input.")
+    thumbnail_on_device: str | None = Field(description="Thumbnail path on the device.")
+    decided: str = Field(description="What the device decided.")
+    label: str = Field(description="The right outcome (the ground truth).")
+    verdict: str = Field(description="'confirm' or 'override'.")
+    note: str = Field(description="The reviewer's note.")
+    reviewer: str = Field(description="Who reviewed.")
+    reviewed_at: float = Field(description="When.")
+
+
+class LabelsOut(ApiModel):
+    """Labels set or changed after ``since``, oldest change first."""
+
+    labels: list[LabelOut] = Field(description="Each decision once, with its newest label.")
+    next_since: int = Field(description="Ask with this next (the last seq here, or since).")
+
+
+def labels_out(labels: list[Label], since: int) -> LabelsOut:
+    """The API form of a labels batch."""
+    return LabelsOut(
+        labels=[LabelOut(**vars(label)) for label in labels],
+        next_since=labels[-1].seq if labels else since,
+    )

@@ -1,0 +1,268 @@
+"""Decision review endpoints (docs/decision-review.md).
+
+``GET /api/v1/decisions`` (a filtered page, keyset cursor), ``GET
+/api/v1/decisions/{id}`` (one in whole) and ``GET /api/v1/decisions/accuracy`` need
+``fleet:read``; ``POST /api/v1/decisions/{id}/review`` needs ``decisions:review`` (and,
+with the session cookie, the CSRF token); ``GET /api/v1/decisions/export.csv`` and
+``GET /api/v1/labels`` need ``decisions:export``. A malformed or unknown query
+parameter is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Protocol
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from sqlalchemy.engine import Engine
+
+from fleet_server.api.decision_models import (
+    AccuracyOut,
+    DecisionDetailOut,
+    DecisionPageOut,
+    LabelsOut,
+    ReviewIn,
+    ReviewOut,
+    accuracy_out,
+    detail_out,
+    labels_out,
+    page_out,
+    review_out,
+)
+from fleet_server.api.models import error_responses
+from fleet_server.auth.deps import Principal, require
+from fleet_server.review import (
+    DEFAULT_LIMIT,
+    FILTER_PARAMS,
+    MAX_EXPORT_ROWS,
+    MAX_LABELS,
+    MAX_LIMIT,
+    DecisionFilter,
+    ReviewError,
+    UnknownDecision,
+    accuracy,
+    check_export_size,
+    decode_cursor,
+    export_csv,
+    get_decision,
+    labels_since,
+    list_decisions,
+    parse_filter,
+    parse_group,
+    save_review,
+)
+
+READ = [require("fleet:read")]
+MAX_PARAM = 1000
+TIME_HELP = "Unix seconds or ISO 8601 with a zone"
+NOT_FOUND = error_responses(e404="No such decision")
+DEFAULT_GROUP = "line,model_version"
+ACCURACY_PARAMS = ("group", "line", "model_version", "device", "site", "since", "until")
+
+
+@contextmanager
+def answering() -> Iterator[None]:
+    """Turn review errors into HTTP answers: 404 for an unknown decision, else 400
+    naming the parameter or field."""
+    try:
+        yield
+    except UnknownDecision as exc:
+        raise HTTPException(404, str(exc)) from None
+    except ReviewError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def known_params(*allowed: str) -> Callable[[Request], None]:
+    """Dependency: a 400 naming any query parameter not in ``allowed``, or one given
+    twice (a typo must not quietly widen a filter)."""
+
+    def check(request: Request) -> None:
+        params = request.query_params
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            raise HTTPException(
+                400, f"{unknown[0]}: unknown parameter (known: {', '.join(allowed)})"
+            )
+        for name in allowed:
+            if len(params.getlist(name)) > 1:
+                raise HTTPException(400, f"{name}: given more than once")
+
+    return check
+
+
+def decision_filter(
+    site: Annotated[str | None, Query(max_length=MAX_PARAM, description="Site label")] = None,
+    line: Annotated[
+        str | None, Query(max_length=MAX_PARAM, description="The row's line, else the label")
+    ] = None,
+    device: Annotated[str | None, Query(max_length=MAX_PARAM, description="Device id")] = None,
+    source: Annotated[str | None, Query(max_length=MAX_PARAM, description="Camera/sensor")] = None,
+    outcome: Annotated[str | None, Query(max_length=MAX_PARAM, description="Decided")] = None,
+    model_version: Annotated[str | None, Query(max_length=MAX_PARAM)] = None,
+    since: Annotated[str | None, Query(description=TIME_HELP + " (at or after)")] = None,
+    until: Annotated[str | None, Query(description=TIME_HELP + " (before)")] = None,
+    reviewed: Annotated[str | None, Query(description="yes or no")] = None,
+) -> DecisionFilter:
+    """Dependency: the filter of the list and the export (400 naming a bad parameter)."""
+    given = {
+        "site": site,
+        "line": line,
+        "device": device,
+        "source": source,
+        "outcome": outcome,
+        "model_version": model_version,
+        "since": since,
+        "until": until,
+        "reviewed": reviewed,
+    }
+    with answering():
+        return parse_filter(given)
+
+
+def accuracy_filter(
+    line: Annotated[str | None, Query(max_length=MAX_PARAM, description="Line reviewed")] = None,
+    model_version: Annotated[str | None, Query(max_length=MAX_PARAM)] = None,
+    device: Annotated[str | None, Query(max_length=MAX_PARAM, description="Device id")] = None,
+    site: Annotated[str | None, Query(max_length=MAX_PARAM, description="Site label")] = None,
+    since: Annotated[str | None, Query(description=TIME_HELP + " (decided at or after)")] = None,
+    until: Annotated[str | None, Query(description=TIME_HELP + " (decided before)")] = None,
+) -> DecisionFilter:
+    """Dependency: the filter accuracy takes."""
+    given = {
+        "line": line,
+        "model_version": model_version,
+        "device": device,
+        "site": site,
+        "since": since,
+        "until": until,
+    }
+    with answering():
+        return parse_filter(given)
+
+
+Filter = Annotated[DecisionFilter, Depends(decision_filter)]
+
+
+class HasEngine(Protocol):
+    """What the endpoints need of the server: its database (a
+    :class:`~fleet_server.api.context.ServerContext` has it; so has the bench's stand-in)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+
+def decisions_router(ctx: HasEngine) -> APIRouter:
+    """The decision review endpoints, on ``ctx.engine``."""
+    router = APIRouter(prefix="/api/v1", tags=["decisions"])
+    list_params = Depends(known_params(*FILTER_PARAMS, "cursor", "limit"))
+    export_params = Depends(known_params(*FILTER_PARAMS, "limit"))
+    accuracy_params = Depends(known_params(*ACCURACY_PARAMS))
+
+    @router.get("/decisions", dependencies=[*READ, list_params])
+    def list_page(
+        f: Filter,
+        response: Response,
+        cursor: Annotated[
+            str | None, Query(max_length=MAX_PARAM, description="next_cursor of the last page")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows")] = DEFAULT_LIMIT,
+    ) -> DecisionPageOut:
+        """Decisions matching every filter given, newest first, a page at a time. The
+        ``Server-Timing`` header says how long the server took."""
+        started = time.perf_counter()
+        with answering():
+            after = None if cursor is None else decode_cursor(cursor)
+            page = list_decisions(ctx.engine, f, after=after, limit=limit)
+        out = page_out(page, limit)
+        took_ms = (time.perf_counter() - started) * 1000
+        response.headers["Server-Timing"] = f"list;dur={took_ms:.1f}"
+        return out
+
+    @router.get("/decisions/accuracy", dependencies=[*READ, accuracy_params])
+    def accuracy_by_group(
+        f: Annotated[DecisionFilter, Depends(accuracy_filter)],
+        group: Annotated[
+            str,
+            Query(
+                max_length=200,
+                description="Comma-separated keys of line, model_name, model_version, "
+                "device, decided ('' for one total)",
+            ),
+        ] = DEFAULT_GROUP,
+    ) -> AccuracyOut:
+        """Accuracy (confirmed / reviewed) per group, from the reviews."""
+        with answering():
+            keys = parse_group(group)
+            return accuracy_out(keys, accuracy(ctx.engine, keys, f))
+
+    @router.get(
+        "/decisions/export.csv",
+        dependencies=[require("decisions:export"), export_params],
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/csv": {}}, "description": "The decisions as CSV."}},
+    )
+    def export(
+        f: Filter,
+        limit: Annotated[
+            int, Query(ge=1, le=MAX_EXPORT_ROWS, description="Refuse more rows than this")
+        ] = MAX_EXPORT_ROWS,
+    ) -> StreamingResponse:
+        """The filtered decisions (the list's filters) as CSV with the review columns,
+        newest first, streamed; a 400 before anything is sent when more than ``limit``
+        match."""
+        with answering():
+            check_export_size(ctx.engine, f, limit)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return StreamingResponse(
+            export_csv(ctx.engine, f, max_rows=limit),
+            media_type="text/csv; charset=utf-8",
+            headers={
+                "Content-Disposition": f'attachment; filename="decisions-{stamp}.csv"',
+                "Cache-Control": "no-store",
+            },
+        )
+
+    @router.get("/decisions/{decision_id}", responses=NOT_FOUND, dependencies=READ)
+    def show(decision_id: str) -> DecisionDetailOut:
+        """One decision in whole: outputs, boxes, thresholds, latencies, model and
+        bundle, the device's labels, the current review and the review history."""
+        with answering():
+            return detail_out(get_decision(ctx.engine, decision_id))
+
+    @router.post("/decisions/{decision_id}/review", responses=NOT_FOUND)
+    def review(
+        decision_id: str,
+        body: ReviewIn,
+        principal: Annotated[Principal, require("decisions:review")],
+    ) -> ReviewOut:
+        """Confirm or override the device's outcome, with a note; stored with the user
+        and the time as the decision's ground-truth label (the history keeps every
+        review)."""
+        with answering():
+            saved = save_review(
+                ctx.engine,
+                decision_id,
+                verdict=body.verdict,
+                outcome=body.outcome,
+                note=body.note,
+                reviewer=principal.name,
+            )
+        return review_out(saved)
+
+    @router.get(
+        "/labels",
+        dependencies=[require("decisions:export"), Depends(known_params("since", "limit"))],
+    )
+    def labels(
+        since: Annotated[int, Query(ge=0, description="The last seq you stored (0: all)")] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_LABELS, description="Labels")] = 1000,
+    ) -> LabelsOut:
+        """Ground-truth labels set or changed after ``since``, in the order they were
+        given; each decision once, with its newest label."""
+        with answering():
+            return labels_out(labels_since(ctx.engine, since, limit=limit), since)
+
+    return router

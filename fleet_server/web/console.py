@@ -1,0 +1,69 @@
+"""The web console on the API's app: :func:`install_console` adds the pages under
+``/ui/``, their static files, the redirect from ``/``, and the handler that shows a
+:class:`~fleet_server.web.pages.PageError` as a page."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+
+from fleet_server.web.pages import PREFIX, Console, PageError
+from fleet_server.web.routes_fleet import fleet_router
+from fleet_server.web.routes_login import login_router
+from fleet_server.web.routes_review import review_router
+from fleet_server.web.routes_rollouts import rollouts_router
+
+if TYPE_CHECKING:
+    from fleet_server.api.context import ServerContext
+
+ASSET_MAX_AGE_S = 365 * 86400
+
+
+def _assets_router(console: Console) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/")
+    def root() -> Response:
+        return RedirectResponse(f"{PREFIX}/", status_code=307)
+
+    @router.get(f"{PREFIX}")
+    def prefix() -> Response:
+        return RedirectResponse(f"{PREFIX}/", status_code=307)
+
+    @router.get(PREFIX + "/static/{name}")
+    def static(request: Request, name: str) -> Response:
+        held = console.static.get(name)
+        if held is None:
+            return Response("no such file", status_code=404, media_type="text/plain")
+        data, kind, etag = held
+        headers = {
+            "ETag": f'"{etag}"',
+            "Cache-Control": f"public, max-age={ASSET_MAX_AGE_S}, immutable",
+            "X-Content-Type-Options": "nosniff",
+        }
+        if request.headers.get("if-none-match") == f'"{etag}"':
+            return Response(status_code=304, headers=headers)
+        return Response(data, media_type=kind, headers=headers)
+
+    return router
+
+
+def install_console(app: FastAPI, ctx: ServerContext) -> None:
+    """Serve the console from ``app`` over ``ctx`` (see the module docstring)."""
+    console = Console.build(ctx)
+
+    async def on_page_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, PageError)  # noqa: S101 (registered for it)
+        return console.error_page(request, exc)
+
+    app.add_exception_handler(PageError, on_page_error)
+    for router in (
+        _assets_router(console),
+        login_router(console),
+        fleet_router(console),
+        rollouts_router(console),
+        review_router(console),
+    ):
+        app.include_router(router)

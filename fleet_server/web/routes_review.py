@@ -1,0 +1,183 @@
+"""The decision review pages (``/ui/decisions``): the filtered list, a page at a time by
+keyset (the ``cursor`` of the previous page, never an offset), accuracy per line and
+model version from the reviews, a link to the CSV export of the same filters, and one
+decision in whole with its boxes, scores, latencies and the review form.
+
+The pages call :mod:`fleet_server.review`, as the JSON API does
+(docs/decision-review.md). Looking needs ``fleet:read``; the review form needs
+``decisions:review`` and the session's CSRF token; the export link
+(``/api/v1/decisions/export.csv``) needs ``decisions:export``.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from fleet_server.auth.deps import Principal
+from fleet_server.review import (
+    DEFAULT_LIMIT,
+    BadReview,
+    DecisionFilter,
+    ReviewError,
+    UnknownDecision,
+    accuracy,
+    decode_cursor,
+    encode_cursor,
+    get_decision,
+    list_decisions,
+    parse_filter,
+    save_review,
+)
+from fleet_server.review.filters import TEXT_FILTERS
+from fleet_server.web import queries
+from fleet_server.web.frames import boxes_of, frame_svg
+from fleet_server.web.pages import PREFIX, SECURITY_HEADERS, Console, PageError, posted, safe_next
+from fleet_server.web.pages import signed_in as signed_in_
+
+RANGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+OUTCOMES = ("pass", "reject", "review")
+"""Offered in the filter and the override (any other outcome can be typed)."""
+ACCURACY_GROUP = ["line", "model_version"]
+THUMB_W = 72
+
+
+def _params(request: Request) -> dict[str, str]:
+    """The page's filter parameters as given (blank ones left out)."""
+    q = request.query_params
+    names = (*TEXT_FILTERS, "range", "reviewed")
+    return {n: q[n].strip() for n in names if q.get(n, "").strip()}
+
+
+def _filter(params: dict[str, str], now: float, user: Principal) -> DecisionFilter:
+    given: dict[str, str | None] = {n: params.get(n) for n in TEXT_FILTERS}
+    span = params.get("range")
+    if span is not None:
+        if span not in RANGES:
+            raise PageError(400, f"range {span!r} is not one of {', '.join(RANGES)}", user=user)
+        given["since"] = repr(now - RANGES[span])
+    given["reviewed"] = params.get("reviewed")
+    try:
+        return parse_filter(given)
+    except ReviewError as exc:
+        raise PageError(400, str(exc), user=user) from None
+
+
+def _export_url(f: DecisionFilter) -> str:
+    query: dict[str, str] = {n: v for n in TEXT_FILTERS if (v := getattr(f, n)) is not None}
+    if f.since is not None:
+        query["since"] = repr(f.since)
+    if f.until is not None:
+        query["until"] = repr(f.until)
+    if f.reviewed is not None:
+        query["reviewed"] = "yes" if f.reviewed else "no"
+    return "/api/v1/decisions/export.csv?" + urllib.parse.urlencode(query)
+
+
+def review_router(console: Console) -> APIRouter:
+    """The decision list and decision pages, and the review form's post."""
+    router = APIRouter(prefix=f"{PREFIX}/decisions", include_in_schema=False)
+    engine = console.ctx.engine
+
+    @router.get("")
+    def list_page(request: Request, cursor: str = "") -> HTMLResponse:
+        user = signed_in_(request)
+        params = _params(request)
+        f = _filter(params, time.time(), user)
+        try:
+            after = decode_cursor(cursor) if cursor else None
+            page = list_decisions(engine, f, after=after, limit=DEFAULT_LIMIT)
+            acc_filter = DecisionFilter(
+                line=f.line, model_version=f.model_version, device=f.device, site=f.site,
+                since=f.since, until=f.until,
+            )  # fmt: skip
+            groups = accuracy(engine, ACCURACY_GROUP, acc_filter)
+        except ReviewError as exc:
+            raise PageError(400, str(exc), user=user) from None
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        next_url = None
+        if page.next_cursor is not None:
+            next_url = "?" + urllib.parse.urlencode(
+                params | {"cursor": encode_cursor(page.next_cursor)}
+            )
+        pairs = queries.sites_and_lines(engine)
+        outputs = queries.decision_outputs(engine, [r.id for r in page.rows])
+        values: dict[str, Any] = {
+            "rows": [
+                (r, frame_svg(boxes_of(outputs.get(r.id)), width=THUMB_W, label="boxes"))
+                for r in page.rows
+            ],
+            "params": params,
+            "first_url": "?" + urllib.parse.urlencode(params),
+            "next_url": next_url,
+            "paged": bool(cursor),
+            "here": here,
+            "export_url": _export_url(f),
+            "can_export": user.can("decisions:export"),
+            "groups": groups,
+            "sites": sorted({s for s, _ in pairs if s}),
+            "lines": sorted({ln for _, ln in pairs if ln}),
+            "outcomes": OUTCOMES,
+            "ranges": list(RANGES),
+        }
+        return console.render(request, "decisions.html", values, user=user)
+
+    def detail(
+        request: Request, user: Principal, decision_id: str, *, error: str = "",
+        done: str = "", back: str = "", status: int = 200,
+    ) -> HTMLResponse:  # fmt: skip
+        try:
+            d = get_decision(engine, decision_id)
+        except UnknownDecision:
+            raise PageError(404, f"no decision {decision_id!r}", user=user) from None
+        outputs = d.payload.get("outputs")
+        boxes = boxes_of(outputs)
+        values = {
+            "d": d,
+            "s": d.summary,
+            "frame": frame_svg(boxes, label=f"decision {d.summary.id}"),
+            "boxes": boxes,
+            "outputs": outputs if isinstance(outputs, dict) else {},
+            "outcomes": sorted({*OUTCOMES, d.summary.outcome}),
+            "can_review": user.can("decisions:review"),
+            "error": error,
+            "done": done,
+            "back": safe_next(back) if back else f"{PREFIX}/decisions",
+        }
+        return console.render(request, "decision.html", values, user=user, status=status)
+
+    @router.get("/{decision_id}")
+    def show(request: Request, decision_id: str, done: str = "", back: str = "") -> HTMLResponse:
+        user = signed_in_(request)
+        return detail(request, user, decision_id, done="reviewed" if done else "", back=back)
+
+    @router.post("/{decision_id}/review")
+    async def review(request: Request, decision_id: str) -> Response:
+        user, fields = await posted(request, "decisions:review")
+        verdict = fields.get("verdict", "")
+        outcome = fields.get("outcome", "").strip() or None
+        if verdict == "confirm":
+            outcome = None  # the form's outcome choice is for overrides
+        back = fields.get("back", "")
+        try:
+            await run_in_threadpool(
+                lambda: save_review(engine, decision_id, verdict=verdict, outcome=outcome,
+                                    note=fields.get("note", ""), reviewer=user.name)
+            )  # fmt: skip
+        except UnknownDecision:
+            raise PageError(404, f"no decision {decision_id!r}", user=user) from None
+        except BadReview as exc:
+            why = str(exc)
+            return await run_in_threadpool(
+                lambda: detail(request, user, decision_id, error=why, back=back, status=400)
+            )
+        query = urllib.parse.urlencode({"done": "1", "back": safe_next(back)})
+        target = f"{PREFIX}/decisions/{urllib.parse.quote(decision_id)}?{query}"
+        return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
+
+    return router
