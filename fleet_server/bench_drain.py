@@ -1,0 +1,421 @@
+"""The store-and-forward drain bench (``make bench``): how fast a long outage's backlog
+goes from a device into the fleet database, and what draining it does to that device's
+live decision latency, in one run.
+
+The fleet side runs in a child process (:mod:`fleet_server.bench_drain_fleet`): a fleet
+server with its managed Mosquitto (TLS), one ingest worker and an SQLite fleet database,
+and in front of the broker a TCP forwarder, the network link the bench cuts and restores.
+The device (:mod:`fleet_server.bench_drain_device`) is a real :class:`agent.app.Agent`,
+enrolled through the API, running its hot path (capture -> pool -> post-processing ->
+policy -> decision log) on a looped video at ``load`` x its capacity (measured unpaced
+first, as ``edge-agent bench`` does), its uplink enabled towards the forwarder with the
+drain settings of :class:`agent.uplink.UplinkConfig` (defaults unless overridden).
+
+1. Backlog: ``backlog`` decisions shaped like the agent's own (a decision of the
+   calibration run, with fresh ids, times and input digests) go into the decision log,
+   not uploaded: what the device decided during an outage.
+2. Idle: the link is down, the agent decides for ``duration_s``; its decisions and the
+   health reports piling up in the outbox join the backlog. Live e2e p99 (capture
+   timestamp to decision) while nothing drains.
+3. Drain: the link comes back; live e2e p99 from link-up until the last backlog record
+   (every decision made before link-up, every outbox record queued before it) is
+   stored in the fleet database.
+
+Drain rate = backlog records / seconds from link-up to the last one stored. The fleet's
+copy is checked at the end: backlog decisions missing from it, stored twice, and the
+ingest worker's ``duplicates`` counter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.app import Agent
+from agent.decisionlog.connection import connect_reader
+from agent.errors import AgentError
+from agent.identity import enroll
+from agent.uplink import UplinkConfig
+from agent.wire.messages import error_text
+from fleet_server.bench_drain_device import (
+    Cpu,
+    Latency,
+    agent_config,
+    calibrate,
+    prefill,
+    start_agent,
+    wait_phase,
+)
+from fleet_server.bench_drain_fleet import DEVICE_ID, FLEET_START_S, DrainBenchError, FleetSide
+from fleet_server.errors import FleetError
+from runtime.bench import Progress
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DrainBenchError", "bench_drain", "format_report", "main"]
+
+TARGET_RECORDS_PER_S = 5000.0
+TARGET_P99_RATIO = 1.20
+_POLL_S = 0.2
+_POLL_NEAR_S = 0.02
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=5.0)
+
+
+class _Watch:
+    """Counts in the fleet database what the device made before link-up."""
+
+    SQL = (
+        "SELECT (SELECT count(*) FROM decisions WHERE device_id = :d AND ts < :t), "
+        "(SELECT count(*) FROM telemetry WHERE device_id = :d AND ts < :t) + "
+        "(SELECT count(*) FROM events WHERE device_id = :d AND ts < :t)"
+    )
+
+    def __init__(self, db: Path, before: float) -> None:
+        self.conn = _read_only(db)
+        self.args = {"d": DEVICE_ID, "t": before}
+
+    def counts(self) -> tuple[int, int]:
+        """(decisions, health and event records) stored."""
+        decisions, others = self.conn.execute(self.SQL, self.args).fetchone()
+        return int(decisions), int(others)
+
+
+def _check(fleet_db: Path, device_log: Path, before: float) -> dict[str, int]:
+    """The fleet's copy of the backlog decisions against the device's log."""
+    conn = _read_only(fleet_db)
+    try:
+        conn.execute("ATTACH DATABASE ? AS device", (device_log.resolve().as_uri() + "?mode=ro",))
+        args = {"d": DEVICE_ID, "t": before}
+
+        def one(sql: str) -> int:
+            return int(conn.execute(sql, args).fetchone()[0])
+
+        return {
+            "backlog_decisions": one(
+                "SELECT count(*) FROM device.decisions WHERE decision_time < :t"
+            ),
+            "stored_decisions": one(
+                "SELECT count(*) FROM main.decisions WHERE device_id = :d AND ts < :t"
+            ),
+            "missing": one(
+                "SELECT count(*) FROM device.decisions l WHERE l.decision_time < :t AND NOT "
+                "EXISTS (SELECT 1 FROM main.decisions f WHERE f.id = l.id)"
+            ),
+            "stored_twice": one(
+                "SELECT count(*) - count(DISTINCT id) FROM main.decisions WHERE device_id = :d"
+            ),
+            "not_in_device_log": one(
+                "SELECT count(*) FROM main.decisions f WHERE f.device_id = :d AND NOT EXISTS "
+                "(SELECT 1 FROM device.decisions l WHERE l.id = f.id)"
+            ),
+        }
+    finally:
+        conn.close()
+
+
+def _drain_phase(
+    agent: Agent, fleet: FleetSide, lat: Latency, timeout_s: float, bars: bool
+) -> dict[str, Any]:
+    """Restore the link; wait until the backlog is stored (or ``timeout_s``)."""
+    uplink = agent.uplink
+    if uplink is None:
+        raise DrainBenchError("the agent's uplink did not start")
+    queued = uplink.stats()["outbox"]["pending_by_kind"]
+    outbox_records = int(queued["health"]) + int(queued["event"])
+    before = time.time()
+    t_up = time.monotonic()
+    fleet.call("restore")
+    time.sleep(0.05)  # a decision stamped before link-up reaches the log's queue
+    if not agent.log.flush(10.0):
+        raise DrainBenchError("the decision log did not commit in 10 s")
+    with contextlib.closing(connect_reader(agent.log.path)) as conn:
+        sql = "SELECT count(*) FROM decisions WHERE decision_time < ?"
+        expected = int(conn.execute(sql, (before,)).fetchone()[0])
+    watch = _Watch(Path(fleet.hello["db"]), before)
+    bar = Progress("drain (link up)", timeout_s, bars)
+    connected = first = done = None
+    last = stored = others = 0
+    try:
+        while (now := time.monotonic()) < t_up + timeout_s:
+            if connected is None and uplink.connected:
+                connected = now
+            stored, others = watch.counts()
+            if first is None and stored:
+                first = now
+            if stored >= expected and others >= outbox_records:
+                done = now
+                break
+            near = stored - last >= expected - stored
+            last = stored
+            bar.update(now - t_up, f"{stored}/{expected} decisions stored")
+            time.sleep(_POLL_NEAR_S if near or connected is None else _POLL_S)
+    finally:
+        watch.conn.close()
+        bar.done()
+    end = done if done is not None else time.monotonic()
+    records = stored + min(others, outbox_records)
+    return {
+        "before": before,
+        "backlog_outbox_records": outbox_records,
+        "drained": done is not None,
+        "drain_s": round(end - t_up, 3),
+        "records_per_s": round(records / (end - t_up), 1),
+        "reconnect_s": round(connected - t_up, 3) if connected is not None else None,
+        "first_stored_s": round(first - t_up, 3) if first is not None else None,
+        "records_per_s_from_first_stored": (
+            round(records / (end - first), 1) if first is not None and end > first else None
+        ),
+        "records_stored": records,
+        "uplink": {k: v for k, v in uplink.stats().items() if k != "outbox"},
+    }
+
+
+def bench_drain(
+    bundle: Path,
+    video: str,
+    *,
+    backlog: int = 100_000,
+    duration_s: float = 20.0,
+    load: float = 0.6,
+    fps: float | None = None,
+    uplink: dict[str, Any] | None = None,
+    workers: int | None = None,
+    calibrate_s: float = 3.0,
+    drain_timeout_s: float = 300.0,
+    work_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+    bars: bool = False,
+) -> dict[str, Any]:
+    """Run the scenario of the module docstring; the figures as a JSON-able dict.
+    ``uplink``: settings of :class:`agent.uplink.UplinkConfig` to use instead of its
+    defaults (``drain_rate_per_s``, ``decisions_batch``, ``drain_window`` ...).
+
+    Raises:
+        DrainBenchError: bad arguments, or a part failed to start or run.
+    """
+    if backlog < 1 or duration_s <= 0 or not 0 < load <= 1 or (fps is not None and fps <= 0):
+        raise DrainBenchError(
+            f"backlog ({backlog}) must be >= 1, duration ({duration_s}) > 0, load ({load}) "
+            f"in (0, 1] and fps ({fps}) > 0"
+        )
+    overrides = dict(uplink or {})
+    try:
+        settings = UplinkConfig(**overrides)
+    except ValidationError as exc:
+        raise DrainBenchError(f"[uplink] settings: {error_text(exc)}") from exc
+    if not (Path(bundle) / "manifest.json").is_file():
+        raise DrainBenchError(f"bundle {bundle}: no manifest.json (make it: make bench)")
+    if not Path(video).is_file():
+        raise DrainBenchError(f"video {video}: no such file (make it: make bench)")
+    budget_s = FLEET_START_S + calibrate_s + duration_s + drain_timeout_s + 600.0
+    with tempfile.TemporaryDirectory(prefix="drain-bench-", dir=work_dir) as tmp:
+        root = Path(tmp)
+        progress("starting the fleet side: fleet server, Mosquitto (TLS), ingest, link")
+        fleet = FleetSide(root / "fleet", budget_s)
+        try:
+            state = root / "device"
+            try:
+                enroll(fleet.hello["url"], fleet.hello["token"], state, DEVICE_ID,
+                       trust_dir=state / "trust")  # fmt: skip
+            except AgentError as exc:
+                raise DrainBenchError(f"enrollment: {exc}") from exc
+            progress(f"enrolled {DEVICE_ID}; measuring the agent's capacity")
+            capacity, template = calibrate(
+                Path(bundle), video, root / "calibrate", workers, calibrate_s, bars
+            )
+            offered = fps or max(1.0, load * capacity)
+            link = {"enabled": True, "broker_host": "127.0.0.1",
+                    "broker_port": fleet.hello["port"], "reconnect_max_s": 1}  # fmt: skip
+            cfg = agent_config(Path(bundle), video, offered, state, workers, overrides | link)
+            progress(f"capacity {capacity:.0f} decisions/s; writing a backlog of {backlog}")
+            t0 = time.monotonic()
+            prefill(cfg, template, backlog, offered)
+            prefill_s = time.monotonic() - t0
+            fleet.call("cut")
+            progress(f"link down; the agent decides at {offered:.0f} fps")
+            lat = Latency()
+            agent = start_agent(cfg, lat.record)
+            try:
+                lat.take()
+                cpu = Cpu()
+                wait_phase(duration_s, "idle (link down)", bars, lambda: "backlog waits")
+                idle, idle_cpu = lat.take(), cpu.take(duration_s)
+                progress("link up: draining")
+                drain = _drain_phase(agent, fleet, lat, drain_timeout_s, bars)
+                live, drain_cpu = lat.take(), cpu.take(drain["drain_s"])
+            finally:
+                agent.stop()
+            check = _check(Path(fleet.hello["db"]), agent.log.path, drain.pop("before"))
+        finally:
+            ingest = fleet.close().get("ingest", [])
+    ratio = live["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else 0.0
+    records = check["backlog_decisions"] + drain["backlog_outbox_records"]
+    rate = drain["records_per_s"] if drain["drained"] else 0.0
+    return {
+        "machine": _machine(),
+        "model": template["model_name"],
+        "model_version": template["model_version"],
+        "capacity_fps": round(capacity, 1),
+        "offered_fps": round(offered, 1),
+        "load": round(offered / capacity, 3) if capacity else None,
+        "backlog_written": backlog,
+        "backlog_written_s": round(prefill_s, 2),
+        "backlog_decided_offline": check["backlog_decisions"] - backlog,
+        **check,
+        "backlog_records": records,
+        **drain,
+        "ingest_duplicates": sum(int(s["duplicates"]) for s in ingest),
+        "ingest_quarantined": sum(int(s["quarantined"]) for s in ingest),
+        "ingest_stored": sum(int(s["stored"]) for s in ingest),
+        "idle_decisions": int(idle["count"]),
+        "idle_p50_ms": idle["p50_ms"],
+        "idle_p99_ms": idle["p99_ms"],
+        "drain_decisions": int(live["count"]),
+        "drain_p50_ms": live["p50_ms"],
+        "drain_p99_ms": live["p99_ms"],
+        "p99_ratio": round(ratio, 3),
+        "cpu_idle": idle_cpu,
+        "cpu_drain": drain_cpu,
+        "settings": {k: getattr(settings, k) for k in SETTINGS},
+        "target_records_per_s": TARGET_RECORDS_PER_S,
+        "target_p99_ratio": TARGET_P99_RATIO,
+        "rate_met": rate >= TARGET_RECORDS_PER_S,
+        "ratio_met": 0 < ratio < TARGET_P99_RATIO,
+        "target_met": rate >= TARGET_RECORDS_PER_S and 0 < ratio < TARGET_P99_RATIO,
+    }
+
+
+SETTINGS = ("decisions_batch", "decisions_interval_s", "drain_rate_per_s", "drain_window")
+
+
+def _machine() -> dict[str, Any]:
+    model = platform.processor()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        model = next(
+            (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
+        )
+    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version()}
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The figures as a few readable lines."""
+    m, s = r["machine"], r["settings"]
+    verdict = "met" if r["target_met"] else "NOT met"
+    parts = ", ".join(f"{k} {'met' if r[k + '_met'] else 'not met'}" for k in ("rate", "ratio"))
+    first = r["first_stored_s"]
+    return "\n".join(
+        [
+            f"machine: {m['cores']} cores, {m['cpu']}",
+            f"agent: {r['model']} {r['model_version']}, capacity {r['capacity_fps']:.0f} "
+            f"decisions/s, live at {r['offered_fps']:.0f} fps",
+            f"backlog: {r['backlog_written']} decisions written + {r['backlog_decided_offline']} "
+            f"decided offline + {r['backlog_outbox_records']} outbox records "
+            f"= {r['backlog_records']} records",
+            f"drain: {r['records_stored']} stored in {r['drain_s']:.2f} s from link-up = "
+            f"{r['records_per_s']:.0f} records/s (reconnected after {r['reconnect_s']} s, "
+            f"first stored after {first} s; {r['records_per_s_from_first_stored']} records/s "
+            f"from then){'' if r['drained'] else '  -- NOT all drained'}",
+            f"fleet copy: {r['missing']} missing, {r['stored_twice']} stored twice, "
+            f"ingest duplicates {r['ingest_duplicates']}, quarantined {r['ingest_quarantined']}",
+            f"live e2e: idle p99 {r['idle_p99_ms']:.3f} ms (p50 {r['idle_p50_ms']:.3f}, "
+            f"{r['idle_decisions']} decisions), during drain p99 {r['drain_p99_ms']:.3f} ms "
+            f"(p50 {r['drain_p50_ms']:.3f}, {r['drain_decisions']}) = x{r['p99_ratio']:.2f}",
+            f"CPU: idle {r['cpu_idle']['machine_busy_pct']} % of the machine (agent process "
+            f"{r['cpu_idle']['agent_process_cores']} cores), drain "
+            f"{r['cpu_drain']['machine_busy_pct']} % ({r['cpu_drain']['agent_process_cores']})",
+            "uplink: " + ", ".join(f"{k} {v}" for k, v in s.items()),
+            f"target >= {r['target_records_per_s']:.0f} records/s and p99 ratio < "
+            f"{r['target_p99_ratio']:.2f}: {verdict} ({parts})",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet_server.bench_drain",
+        description="Store-and-forward drain bench: a device's outage backlog drained into "
+        "the fleet database, and the device's live e2e p99 while it drains.",
+        epilog="example: python -m fleet_server.bench_drain --bundle .cache/demo/bundles/"
+        "text-cls --source .cache/demo/line.avi --backlog 100000 --duration 20 "
+        "--json .cache/bench-drain.json",
+    )
+    parser.add_argument("--bundle", type=Path, default=Path(".cache/demo/bundles/text-cls"),
+                        help="model bundle the agent runs (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--source", default=".cache/demo/line.avi",
+                        help="video the agent's camera loops (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--backlog", type=int, default=100_000, help="decisions written first")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of the idle phase")
+    parser.add_argument("--load", type=float, default=0.6, help="live load x capacity")
+    parser.add_argument("--fps", type=float, default=None, help="live fps (instead of --load)")
+    parser.add_argument("--workers", type=int, default=None, help="runtime workers")
+    parser.add_argument("--drain-timeout", type=float, default=300.0, help="longest drain, s")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an [uplink] setting instead of its default, e.g. "
+                        "drain_rate_per_s=500 (repeatable)")  # fmt: skip
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _terminated)  # stop the agent and the fleet side in order
+    try:
+        uplink = dict(_setting(s) for s in args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"bench-drain: {message}", file=sys.stderr, flush=True)
+
+    try:
+        result = bench_drain(
+            args.bundle, args.source, backlog=args.backlog, duration_s=args.duration,
+            load=args.load, fps=args.fps, uplink=uplink, workers=args.workers,
+            drain_timeout_s=args.drain_timeout, progress=say, bars=not args.quiet,
+        )  # fmt: skip
+    except (FleetError, AgentError) as exc:
+        print(f"bench-drain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bench-drain: interrupted", file=sys.stderr)
+        return 130
+    print(format_report(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _terminated(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--set {text!r}: expected FIELD=VALUE")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

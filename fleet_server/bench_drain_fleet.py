@@ -1,0 +1,244 @@
+"""The fleet side of the drain bench (:mod:`fleet_server.bench_drain`), run in a child
+process so that it shares the machine with the device but not its interpreter: a fleet
+server (managed Mosquitto with TLS, one ingest worker, an SQLite fleet database) and in
+front of its broker a TCP forwarder, the network link the bench cuts and restores
+(:class:`Link`). :class:`FleetSide` is the parent's handle on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from fleet_server.bench_fleet import (
+    DEFAULT_MODEL,
+    LABELS,
+    PASSPHRASE_ENV,
+    PROFILE,
+    _free_port,
+    _make_repository,
+    _recording,
+)
+from fleet_server.config import parse_config
+from fleet_server.db import sqlite_url, store
+from fleet_server.errors import FleetError
+from fleet_server.serve import FleetServer, Service
+from fleet_server.services import IngestService
+
+log = logging.getLogger(__name__)
+
+DEVICE_ID = "drain-bench"
+FLEET_START_S = 120.0
+CALL_TIMEOUT_S = 30.0
+
+
+class DrainBenchError(FleetError):
+    """The drain bench can't set up or run.
+
+    Attributes:
+        reason: what failed.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"drain bench: {reason}")
+
+
+# -- the fleet side (child process) -----------------------------------------------------
+
+
+class Link:
+    """Forwards 127.0.0.1:``port`` to ``target``; :meth:`cut` closes every connection and
+    the listener (the device sees its connection die and reconnects fail), :meth:`start`
+    listens again on the same port. Bytes pass unchanged (TLS end to end)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> Link:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def cut(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self._listener is listener:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.target, timeout=CALL_TIMEOUT_S)
+            except OSError as exc:  # the broker is gone: the device sees a dead link
+                log.warning("link: can't reach the broker at %s:%d: %s", *self.target, exc)
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                if self._listener is not listener:  # cut meanwhile
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets |= {client, upstream}
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(src, dst), daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
+    """The child process: start the fleet server (ingest only) and the link, send
+    ``{url, token, port, db}``, then answer ``"cut"``, ``"restore"`` and ``"stop"`` (the
+    last with the ingest workers' counters) until stopped, the parent gone, or
+    ``spec["max_s"]`` passed. A failure is sent as ``{"error": ...}``."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops this in order
+    signal.signal(signal.SIGTERM, _exit)  # terminated: leave the with-blocks (the broker)
+    os.environ.setdefault(PASSPHRASE_ENV, spec["passphrase"])
+    root = Path(spec["dir"])
+    try:
+        repo, keys = _make_repository(root, DEFAULT_MODEL)
+        db = root / "fleet.db"
+        cfg = parse_config(
+            {
+                "server": {"state_dir": str(root / "state"), "log_level": "warning"},
+                "http": {"port": 0},
+                "broker": {"mosquitto": {"port": _free_port(), "persistence": False}},
+                "database": {"url": sqlite_url(db)},
+                "repository": {"path": str(repo), "keystore": str(keys)},
+            }
+        )
+        built: list[Service] = []
+        with FleetServer(cfg, services=_recording(built, [IngestService])) as server:
+            ctx = server.context
+            token = secrets.token_urlsafe(24)
+            store.create_token(ctx.engine, store.hash_token(token), spec["device_id"],
+                               labels=LABELS, profile=PROFILE, ttl_s=3600)  # fmt: skip
+            link = Link((ctx.broker.host, ctx.broker.port)).start()
+            conn.send({"url": server.url, "token": token, "port": link.port, "db": str(db)})
+            deadline = time.monotonic() + float(spec["max_s"])
+            while time.monotonic() < deadline:
+                if not conn.poll(0.5):
+                    continue
+                command = conn.recv()
+                if command == "stop":
+                    break
+                if command == "cut":
+                    link.cut()
+                elif command == "restore":
+                    link.start()
+                else:
+                    conn.send({"error": f"unknown command {command!r}"})
+                    continue
+                conn.send({"ok": command})
+            link.cut()
+            workers = [w for s in built if isinstance(s, IngestService) for w in s.workers]
+        conn.send({"ingest": [asdict(w.stats()) for w in workers]})
+    except EOFError:
+        return  # the parent is gone
+    except Exception as exc:  # noqa: BLE001 - whatever failed goes to the parent
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _exit(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+class FleetSide:
+    """The parent's handle on :func:`fleet_process`."""
+
+    def __init__(self, directory: Path, max_s: float) -> None:
+        spawn = mp.get_context("spawn")
+        self.conn, child = spawn.Pipe()
+        spec = {"dir": str(directory), "device_id": DEVICE_ID, "max_s": max_s,
+                "passphrase": secrets.token_urlsafe(24)}  # fmt: skip
+        self.proc = spawn.Process(target=fleet_process, args=(spec, child), daemon=True)
+        self.proc.start()
+        try:
+            self.hello = self._answer(FLEET_START_S, "start")
+        except DrainBenchError:
+            self.close()
+            raise
+
+    def _answer(self, timeout_s: float, what: str) -> dict[str, Any]:
+        """The child's answer.
+
+        Raises:
+            DrainBenchError: no answer in time, the child exited, or it reports a failure.
+        """
+        try:
+            if not self.conn.poll(timeout_s):
+                raise DrainBenchError(f"the fleet side did not answer {what!r} in {timeout_s:g} s")
+            answer: dict[str, Any] = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise DrainBenchError(f"the fleet side exited ({what!r}): {exc!r}") from exc
+        if "error" in answer:
+            raise DrainBenchError(f"fleet side: {answer['error']}")
+        return answer
+
+    def call(self, command: str) -> dict[str, Any]:
+        """Send ``"cut"`` or ``"restore"``; the answer.
+
+        Raises:
+            DrainBenchError: see :meth:`_answer`.
+        """
+        try:
+            self.conn.send(command)
+        except OSError as exc:
+            raise DrainBenchError(f"the fleet side exited ({command!r}): {exc}") from exc
+        return self._answer(CALL_TIMEOUT_S, command)
+
+    def close(self) -> dict[str, Any]:
+        """Stop the child; the ingest workers' counters (empty if it had failed)."""
+        try:
+            answer = self.call("stop") if self.proc.is_alive() else {}
+        except DrainBenchError:
+            answer = {}
+        self.proc.join(CALL_TIMEOUT_S)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(CALL_TIMEOUT_S)
+        return answer
