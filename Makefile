@@ -73,7 +73,9 @@ demo: sysdeps $(STAMP) $(MODELS)
 
 # The README's tables: runtime targets (median of 5 rounds), the agent's hot path at 60 %
 # of capacity against the bare runtime, the decision-log writer against raw executemany,
-# and a fleet of 1,000 TLS agents under a rollout.
+# a fleet of 1,000 TLS agents under a rollout, the outbox's drain after an outage against
+# live latency, and the console's decision review at 1,000,000 decisions (SQLite, then
+# PostgreSQL).
 bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-runtime targets $(BENCH_MODEL) --rounds 5 --duration 3 --json .cache/bench.json
 	$(PY) scripts/demo.py --dir $(DEMO) --prepare-only
