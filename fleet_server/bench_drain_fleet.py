@@ -2,19 +2,16 @@
 process so that it shares the machine with the device but not its interpreter: a fleet
 server (managed Mosquitto with TLS, one ingest worker, an SQLite fleet database) and in
 front of its broker a TCP forwarder, the network link the bench cuts and restores
-(:class:`Link`). :class:`FleetSide` is the parent's handle on it.
+(:class:`fleet_server.linkproxy.LinkProxy`). :class:`FleetSide` is the parent's handle on it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing as mp
 import os
 import secrets
 import signal
-import socket
-import threading
 import time
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -34,6 +31,7 @@ from fleet_server.bench_fleet import (
 from fleet_server.config import parse_config
 from fleet_server.db import sqlite_url, store
 from fleet_server.errors import FleetError
+from fleet_server.linkproxy import LinkProxy
 from fleet_server.serve import FleetServer, Service
 from fleet_server.services import IngestService
 
@@ -57,76 +55,6 @@ class DrainBenchError(FleetError):
 
 
 # -- the fleet side (child process) -----------------------------------------------------
-
-
-class Link:
-    """Forwards 127.0.0.1:``port`` to ``target``; :meth:`cut` closes every connection and
-    the listener (the device sees its connection die and reconnects fail), :meth:`start`
-    listens again on the same port. Bytes pass unchanged (TLS end to end)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = 0
-        self._listener: socket.socket | None = None
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-
-    def start(self) -> Link:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(16)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-        return self
-
-    def cut(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
-            listener.close()
-        with self._lock:
-            sockets, self._sockets = self._sockets, set()
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while self._listener is listener:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # cut
-            try:
-                upstream = socket.create_connection(self.target, timeout=CALL_TIMEOUT_S)
-            except OSError as exc:  # the broker is gone: the device sees a dead link
-                log.warning("link: can't reach the broker at %s:%d: %s", *self.target, exc)
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                if self._listener is not listener:  # cut meanwhile
-                    client.close()
-                    upstream.close()
-                    return
-                self._sockets |= {client, upstream}
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(src, dst), daemon=True).start()
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
 
 
 def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
@@ -157,7 +85,7 @@ def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
             token = secrets.token_urlsafe(24)
             store.create_token(ctx.engine, store.hash_token(token), spec["device_id"],
                                labels=LABELS, profile=PROFILE, ttl_s=3600)  # fmt: skip
-            link = Link((ctx.broker.host, ctx.broker.port)).start()
+            link = LinkProxy(ctx.broker.host, ctx.broker.port).start()
             conn.send({"url": server.url, "token": token, "port": link.port, "db": str(db)})
             deadline = time.monotonic() + float(spec["max_s"])
             while time.monotonic() < deadline:

@@ -24,10 +24,10 @@ from fleet_server.broker import ManagedBroker
 from fleet_server.db import open_database, sqlite_url
 from fleet_server.ingest import IngestWorker
 from fleet_server.ingest.sqlsink import SqlSink
+from fleet_server.linkproxy import LinkProxy
 from tests.agent.decisionlog_driver import make_record
 from tests.agent.uplink_fixtures import FAST, open_log, wait_until
 from tests.fleet.tls_peers import Pki
-from tests.linkproxy import LinkProxy
 
 DRIVER = Path(__file__).with_name("uplink_driver.py")
 SETTLE_S = 30.0

@@ -1,8 +1,9 @@
 """A TCP forwarder on loopback between a device and its broker: the network link a test
-can cut. :meth:`LinkProxy.cut` closes every connection through it and refuses new ones
-(a link down, as the device sees it: the connection dies, reconnects fail);
-:meth:`LinkProxy.restore` listens again on the same port. Bytes pass unchanged (TLS
-end to end).
+or a bench can cut (tests/agent/test_store_forward.py, :mod:`fleet_server.bench_drain`).
+:meth:`LinkProxy.cut` closes every connection through it and refuses new ones (a link
+down, as the device sees it: the connection dies, reconnects fail);
+:meth:`LinkProxy.restore` listens again on the same port. Bytes pass unchanged (TLS end
+to end).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class LinkProxy:
                 return  # cut
             try:
                 upstream = socket.create_connection(self.target, timeout=_JOIN_S)
-            except OSError:
+            except OSError:  # the broker is gone: the device sees a dead link
                 client.close()
                 continue
             upstream.settimeout(None)
