@@ -138,6 +138,8 @@ class Batcher:
         self.batch = batch
         self.topic = topics.decisions(device_id)
         self._bad_ids: dict[str, str] = {}
+        self.more_waiting = False
+        """After :meth:`fill_once`: rows were left for the next batch."""
 
     def reconcile(self) -> int:
         """Give rows marked ``QUEUED`` whose batch is not in the outbox (lost with a
@@ -171,6 +173,7 @@ class Batcher:
             batch, unsendable = make_batch(self.device_id, rows)
             bad.update(unsendable)
         self._set_aside(bad)
+        self.more_waiting = False
         if batch is None:
             return 0
         seq = self.outbox.put(KIND_DECISIONS, self.topic, compress(batch.payload), batch.ids)
@@ -179,6 +182,8 @@ class Batcher:
         self.log.mark_uploaded(batch.ids, state=QUEUED)
         self.publisher.count("decisions_queued", len(batch.ids))
         self.publisher.count("decision_batches")
+        # a batch cut to fit the payload cap leaves rows waiting: say it was full
+        self.more_waiting = len(raw) >= self.batch or len(batch.ids) < len(rows)
         return len(batch.ids)
 
     def delivered(self, entries: Sequence[Entry]) -> None:

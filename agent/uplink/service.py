@@ -130,6 +130,7 @@ class Uplink:
         self._seq: Counter[str] = Counter()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._decisions_wake = threading.Event()
         self._state_due = threading.Event()
         self._connected = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -219,6 +220,7 @@ class Uplink:
         self._stop.set()
         self._wake.set()
         self._drain.notify()
+        self._decisions_wake.set()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -371,7 +373,11 @@ class Uplink:
         ahead = 2 * self.config.drain_window
         failures = 0
         wait = interval
-        while not self._stop.wait(wait):
+        while not self._stop.is_set():
+            self._decisions_wake.wait(wait)
+            self._decisions_wake.clear()
+            if self._stop.is_set():
+                break
             wait = interval
             if not self.connected:
                 continue
@@ -391,7 +397,7 @@ class Uplink:
                 rows = 0
             if rows:
                 self._drain.notify()
-            if rows >= batcher.batch:
+            if rows and batcher.more_waiting:
                 wait = 0.0  # a full batch: more are waiting
             elif failures:
                 wait = min(interval * 2 ** min(failures, 6), max(_MAX_BACKOFF_S, interval))
@@ -436,6 +442,7 @@ class Uplink:
         self._state_due.set()
         self._wake.set()
         self._drain.notify()
+        self._decisions_wake.set()  # a backlog starts draining at once
 
     def _on_disconnect(
         self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
