@@ -205,6 +205,8 @@ class PipelineRunner:
         t_post = time.perf_counter_ns()
         items = _items(result)
         summary: dict[str, Any] = dict(result.summary)
+        if is_image:  # boxes are in frame pixels: the review pages scale them to a thumbnail
+            summary["frame"] = {"width": frame_hw[1], "height": frame_hw[0]}
         lat = {
             "capture_wait": (t_take - t0) / 1e6,
             "queue": queue_ns / 1e6,

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from agent.configbase import Section
 from agent.identity import IDENTITY_DIR
-from agent.uplink.outbox import DEFAULT_DROP_ORDER, KINDS
+from agent.uplink.outbox import DEFAULT_DROP_ORDER, full_drop_order
 from agent.wire.messages import MAX_DECISION_ROWS
 
 
@@ -44,6 +44,11 @@ class UplinkConfig(Section):
     decisions_batch: int = Field(
         200, ge=1, le=MAX_DECISION_ROWS, description="Most decision rows in one upload."
     )
+    upload_thumbnails: bool = Field(
+        True,
+        description="Upload the JPEG thumbnail the decision log keeps of a decision "
+        "([decision_log] thumbnails), after the decision, for the fleet's review pages.",
+    )
     decisions_interval_s: float = Field(
         2.0, gt=0, le=3600, description="Seconds between looks for decisions to upload."
     )
@@ -77,7 +82,8 @@ class UplinkConfig(Section):
     drop_order: list[str] = Field(
         list(DEFAULT_DROP_ORDER),
         description="Which records the outbox drops first when over its budget: an order "
-        "of health, event, decisions (default: telemetry first, decisions last).",
+        "of thumbnail, health, event, decisions (default: thumbnails first, decisions "
+        "last); an order without thumbnail drops thumbnails first.",
     )
     drain_rate_per_s: float = Field(
         200.0,
@@ -93,9 +99,7 @@ class UplinkConfig(Section):
     @field_validator("drop_order")
     @classmethod
     def _drop_order(cls, value: list[str]) -> list[str]:
-        if sorted(value) != sorted(KINDS):
-            raise ValueError(f"must name each of {', '.join(KINDS)} once, got {value}")
-        return value
+        return list(full_drop_order(value))
 
     def outbox_path(self, state_dir: Path) -> Path:
         """The outbox file, resolved against ``state_dir``."""

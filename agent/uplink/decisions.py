@@ -1,6 +1,8 @@
 """Decision uploads: the decision log's rows not yet uploaded, read on a read-only
 connection, made into :class:`agent.wire.messages.DecisionUpload` payloads within the size
-cap, gzipped and queued in the outbox (:class:`Batcher`).
+cap, gzipped and queued in the outbox (:class:`Batcher`). The thumbnail a row keeps goes
+into the outbox as its own :class:`agent.wire.messages.ThumbnailUpload`, queued just before
+the batch.
 
 Only the log's writer changes a row's ``uploaded`` state
 (:meth:`agent.decisionlog.DecisionLog.mark_uploaded`).
@@ -20,7 +22,7 @@ from agent.decisionlog.connection import connect_reader
 from agent.decisionlog.schema import COLUMNS, TABLE
 from agent.errors import DecisionLogError
 from agent.uplink.acks import Publisher
-from agent.uplink.outbox import KIND_DECISIONS, Entry, Outbox
+from agent.uplink.outbox import KIND_DECISIONS, KIND_THUMBNAIL, Entry, Outbox
 from agent.wire import topics
 from agent.wire.compress import compress
 from agent.wire.messages import (
@@ -28,6 +30,7 @@ from agent.wire.messages import (
     DecisionRow,
     DecisionUpload,
     MessageError,
+    ThumbnailUpload,
     encode,
 )
 
@@ -120,6 +123,11 @@ class Batcher:
     sends some rows twice, never none: the fleet stores each decision once by its id.
     Rows that can't be sent are set aside (logged and counted as ``decisions_invalid``),
     at most :data:`BAD_IDS_BOUND` of them remembered.
+
+    With ``thumbnails_dir`` (the log's state directory), the thumbnail file of each row
+    in a batch is queued as a ``thumbnail`` record just before the batch. A thumbnail is
+    best effort: one deleted by retention or lost in a power cut is counted as
+    ``thumbnails_missing``, and the outbox drops thumbnails first when it is full.
     """
 
     def __init__(
@@ -130,8 +138,11 @@ class Batcher:
         publisher: Publisher,
         *,
         batch: int,
+        thumbnails_dir: Path | None = None,
     ) -> None:
         self.log = decision_log
+        self.thumbnails_dir = thumbnails_dir
+        self.thumbnail_topic = topics.thumbnails(device_id)
         self.device_id = device_id
         self.outbox = outbox
         self.publisher = publisher
@@ -176,6 +187,8 @@ class Batcher:
         self.more_waiting = False
         if batch is None:
             return 0
+        if self.thumbnails_dir is not None:
+            self._queue_thumbnails(raw, batch.ids)
         seq = self.outbox.put(KIND_DECISIONS, self.topic, compress(batch.payload), batch.ids)
         if seq is None:
             return 0  # dropped by the outbox's policy, counted there; rows stay un-uploaded
@@ -196,12 +209,56 @@ class Batcher:
         if ids:
             self.log.mark_uploaded(ids, state=UPLOADED)
             self.publisher.count("decisions_uploaded", len(ids))
+        thumbnails = sum(1 for e in entries if e.kind == KIND_THUMBNAIL)
+        if thumbnails:
+            self.publisher.count("thumbnails_uploaded", thumbnails)
 
     def dropped(self, entry: Entry) -> None:
         """A batch the outbox dropped: its rows go back to the queue (they are still in
         the log)."""
         if entry.kind == KIND_DECISIONS and entry.ids:
             self.log.mark_uploaded(entry.ids, state=NOT_UPLOADED)
+
+    def _queue_thumbnails(self, raw: Sequence[Mapping[str, Any]], ids: Collection[str]) -> None:
+        """Queue the thumbnail of each row of ``raw`` whose id is in ``ids``.
+
+        Raises:
+            OutboxError: the outbox can't be written.
+        """
+        assert self.thumbnails_dir is not None  # noqa: S101 - the caller checked
+        chosen = set(ids)
+        for row in raw:
+            rel, row_id = row.get("thumbnail"), str(row.get("id"))
+            if not rel or row_id not in chosen:
+                continue
+            path = self.thumbnails_dir / str(rel)
+            if Path(str(rel)).is_absolute() or ".." in Path(str(rel)).parts:
+                log.error("uplink: decision %s names thumbnail %r outside the log", row_id, rel)
+                self.publisher.count("thumbnails_invalid")
+                continue
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                self.publisher.count("thumbnails_missing")  # deleted by retention, or lost
+                continue
+            except OSError as exc:
+                log.error("uplink: thumbnail %s can't be read: %s", path, exc)  # noqa: TRY400
+                self.publisher.count("thumbnails_invalid")
+                continue
+            try:
+                message = ThumbnailUpload.of(
+                    self.device_id, row_id, float(row["decision_time"]), data
+                )
+                payload = encode(message)
+            except MessageError as exc:
+                log.error("uplink: thumbnail %s can't be uploaded: %s", path, exc.reason)  # noqa: TRY400
+                self.publisher.count("thumbnails_invalid")
+                continue
+            if (
+                self.outbox.put(KIND_THUMBNAIL, self.thumbnail_topic, payload, (row_id,))
+                is not None
+            ):
+                self.publisher.count("thumbnails_queued")
 
     def _set_aside(self, bad: Mapping[str, str]) -> None:
         for row_id, reason in bad.items():

@@ -1,11 +1,12 @@
 """The outbox: every record for the fleet (health reports, events, decision-upload
-batches) is written here, durably, before it is sent, and deleted only when the broker's
-PUBACK says success (:mod:`agent.uplink.drain`). paho keeps unacknowledged messages in
-memory only; this SQLite file is what survives a SIGKILL, a power cut or a week offline.
+batches, decision thumbnails) is written here, durably, before it is sent, and deleted
+only when the broker's PUBACK says success (:mod:`agent.uplink.drain`). paho keeps
+unacknowledged messages in memory only; this SQLite file is what survives a SIGKILL, a
+power cut or a week offline.
 
 It is bounded: ``max_bytes`` of payload. To admit a record past it, whole records are
-dropped oldest first in ``drop_order`` (default: health first, then events, decisions
-last); a record that can't fit even then is itself dropped. Every drop is counted by
+dropped oldest first in ``drop_order`` (default: thumbnails first, then health, events,
+decisions last); a record that can't fit even then is itself dropped. Every drop is counted by
 kind, and the first one after a quiet spell raises the ``outbox_dropping`` alarm; the
 alarm clears when the outbox is back under half its budget. A full disk (SQLite's
 ``SQLITE_FULL``) is handled the same way: drop by policy, try again, and count the record
@@ -35,9 +36,10 @@ log = logging.getLogger(__name__)
 KIND_HEALTH = "health"
 KIND_EVENT = "event"
 KIND_DECISIONS = "decisions"
-KINDS = (KIND_HEALTH, KIND_EVENT, KIND_DECISIONS)
+KIND_THUMBNAIL = "thumbnail"
+KINDS = (KIND_THUMBNAIL, KIND_HEALTH, KIND_EVENT, KIND_DECISIONS)
 DEFAULT_DROP_ORDER = KINDS
-"""Telemetry first, decisions last."""
+"""Thumbnails first (the device keeps its own copy), then telemetry, decisions last."""
 ALARM_DROPPING = "outbox_dropping"
 ROW_OVERHEAD_BYTES = 96
 """Counted per record on top of its payload (its row: seq, kind, topic, ids, times)."""
@@ -57,6 +59,22 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS idx_outbox_kind_seq ON outbox (kind, seq);
 """
+
+
+def full_drop_order(order: Sequence[str]) -> tuple[str, ...]:
+    """``order`` as a drop order of every kind: each of :data:`KINDS` once, where
+    ``thumbnail`` may be left out (an order written before thumbnails were uploaded) and
+    then comes first.
+
+    Raises:
+        ValueError: a kind unknown, repeated or missing.
+    """
+    given = list(order)
+    if KIND_THUMBNAIL not in given:
+        given.insert(0, KIND_THUMBNAIL)
+    if sorted(given) != sorted(KINDS):
+        raise ValueError(f"must name each of {', '.join(KINDS)} once, got {list(order)}")
+    return tuple(given)
 
 
 class OutboxError(AgentError):
@@ -112,7 +130,8 @@ class Outbox:
             dropped by policy to make room in the file instead of growing it.
 
     Raises:
-        OutboxError: ``drop_order`` is not a permutation of :data:`KINDS`.
+        OutboxError: ``drop_order`` is not an order of :data:`KINDS` (see
+            :func:`full_drop_order`).
     """
 
     def __init__(
@@ -125,11 +144,13 @@ class Outbox:
         on_dropped: Dropped | None = None,
         disk_reserve_bytes: int = DISK_RESERVE_BYTES,
     ) -> None:
-        if sorted(drop_order) != sorted(KINDS):
-            raise OutboxError(path, f"drop order {list(drop_order)} is not an order of {KINDS}")
+        try:
+            order = full_drop_order(drop_order)
+        except ValueError as exc:
+            raise OutboxError(path, f"drop order: {exc}") from exc
         self.path = Path(path)
         self.max_bytes = max_bytes
-        self.drop_order = tuple(drop_order)
+        self.drop_order = order
         self.on_alarm = on_alarm
         self.on_dropped = on_dropped
         self.disk_reserve_bytes = disk_reserve_bytes

@@ -173,6 +173,7 @@ class Uplink:
                 self.outbox,
                 self._pub,
                 batch=config.decisions_batch,
+                thumbnails_dir=decision_log.state_dir if config.upload_thumbnails else None,
             )
 
     # -- life cycle --------------------------------------------------------------------

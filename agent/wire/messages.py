@@ -1,5 +1,5 @@
 """The messages a device reports to the fleet: state, heartbeat, health, telemetry,
-decision uploads and events; with :func:`parse` and :func:`encode`.
+decision uploads, decision thumbnails and events; with :func:`parse` and :func:`encode`.
 
 Every message is a JSON object with ``schema_version`` and ``kind`` and keeps fields this
 code does not know (``extra="allow"`` at every level), so an older fleet server stores
@@ -11,11 +11,14 @@ what a newer agent sends and writes it back unchanged. An incompatible change ra
 Each record carries its identity from the device, so a redelivered or retried message is
 stored once: a heartbeat, a health report or a telemetry sample is (device_id, kind, seq,
 ts) (``seq`` counts up from 0 at agent start, ``ts`` tells two runs apart); a decision row is
-(device_id, id) with the decision log's UUIDv7; an event is (device_id, event_id).
+(device_id, id) with the decision log's UUIDv7, and so is its thumbnail; an event is
+(device_id, event_id).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
@@ -28,12 +31,15 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 from agent.errors import AgentError
 from agent.wire import compress, topics
 from agent.wire.base import WireModel, slug
+from agent.wire.jpeg import JpegError, jpeg_size
 
 SCHEMA_VERSION = 1
 MAX_PAYLOAD_BYTES = 512 * 1024
 """A payload larger than this is refused before it is parsed."""
 MAX_DECISION_ROWS = 1000
 """The most decision rows one upload carries."""
+MAX_THUMBNAIL_BYTES = 256 * 1024
+"""The largest JPEG a thumbnail message carries (its base64 text is a third more)."""
 
 EVENT_INSTALL = "install"
 EVENT_ROLLBACK = "rollback"
@@ -263,6 +269,75 @@ class DecisionUpload(Message):
                     f"row {row.id} is of device {row.device_id!r}, the upload of {self.device_id!r}"
                 )
         return self
+
+
+class ThumbnailUpload(Message):
+    """The JPEG thumbnail the decision log kept of one decision.
+
+    Sent after the decision's upload is queued; the fleet keeps it beside the decision,
+    whichever of the two arrives first. ``data`` is the JPEG in standard base64; it is
+    checked to be a JPEG of at most :data:`MAX_THUMBNAIL_BYTES` whose size can be read.
+    """
+
+    kind: Literal["thumbnail"] = Field("thumbnail", description="Message kind.")
+    decision_id: RecordId = Field(description="The decision's id (DecisionRow.id).")
+    decision_time: Timestamp = Field(description="Unix time of the decision.")
+    content_type: Literal["image/jpeg"] = Field("image/jpeg", description="Image format.")
+    data: str = Field(
+        min_length=4,
+        max_length=4 * ((MAX_THUMBNAIL_BYTES + 2) // 3),
+        description="The JPEG, standard base64.",
+    )
+
+    @model_validator(mode="after")
+    def _a_jpeg(self) -> ThumbnailUpload:
+        data = self.jpeg()
+        if len(data) > MAX_THUMBNAIL_BYTES:
+            raise ValueError(f"data: a JPEG of {len(data)} bytes, over {MAX_THUMBNAIL_BYTES}")
+        try:
+            jpeg_size(data)
+        except JpegError as exc:
+            raise ValueError(f"data: {exc}") from exc
+        return self
+
+    def jpeg(self) -> bytes:
+        """The JPEG bytes.
+
+        Raises:
+            ValueError: ``data`` is not standard base64.
+        """
+        try:
+            return base64.b64decode(self.data, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"data: not base64: {exc}") from exc
+
+    def size(self) -> tuple[int, int]:
+        """The JPEG's (width, height)."""
+        return jpeg_size(self.jpeg())
+
+    def key(self) -> tuple[str, str]:
+        """The record's identity: (device_id, decision_id)."""
+        return (self.device_id, self.decision_id)
+
+    @classmethod
+    def of(
+        cls, device_id: str, decision_id: str, decision_time: float, jpeg: bytes
+    ) -> ThumbnailUpload:
+        """The message of a thumbnail file's bytes.
+
+        Raises:
+            MessageError: not a JPEG whose size can be read, over the size limit, or an
+                invalid id or time.
+        """
+        try:
+            return cls(
+                device_id=device_id,
+                decision_id=decision_id,
+                decision_time=decision_time,
+                data=base64.b64encode(jpeg).decode("ascii"),
+            )
+        except ValidationError as exc:
+            raise MessageError("thumbnail", error_text(exc)) from exc
 
 
 class Event(Message):

@@ -81,6 +81,11 @@ def decisions(device_id: str) -> str:
     return f"{_device(device_id)}/decisions"
 
 
+def thumbnails(device_id: str) -> str:
+    """Device -> fleet: the JPEG thumbnail of one decision (after its decision upload)."""
+    return f"{_device(device_id)}/thumbnails"
+
+
 def events(device_id: str) -> str:
     """Device -> fleet: events (install progress, alarms)."""
     return f"{_device(device_id)}/events"

@@ -21,6 +21,7 @@ DEVICE_WRITES: tuple[Callable[[str], str], ...] = (
     topics.heartbeat,
     topics.telemetry,
     topics.decisions,
+    topics.thumbnails,
     topics.events,
     topics.fetch_request,
     topics.availability,

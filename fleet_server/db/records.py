@@ -62,7 +62,8 @@ class EventRecord:
     payload: dict[str, Any]
 
 
-def _insert_new(bind: Bind, table: sa.Table, rows: Iterable[dict[str, Any]]) -> int:
+def insert_new(bind: Bind, table: sa.Table, rows: Iterable[dict[str, Any]]) -> int:
+    """Insert the rows whose primary key ``table`` does not hold; how many were new."""
     key = [c.name for c in table.primary_key.columns]
     unique: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
@@ -88,17 +89,17 @@ def _record_rows(rows: Iterable[Record]) -> Iterable[dict[str, Any]]:
 
 def insert_heartbeats(bind: Bind, rows: Iterable[Record]) -> int:
     """Store the heartbeats not stored yet; returns how many were new."""
-    return _insert_new(bind, heartbeats, _record_rows(rows))
+    return insert_new(bind, heartbeats, _record_rows(rows))
 
 
 def insert_telemetry(bind: Bind, rows: Iterable[Record]) -> int:
     """Store the telemetry samples not stored yet; returns how many were new."""
-    return _insert_new(bind, telemetry, _record_rows(rows))
+    return insert_new(bind, telemetry, _record_rows(rows))
 
 
 def insert_decisions(bind: Bind, rows: Iterable[DecisionRecord]) -> int:
     """Store the decisions not stored yet; returns how many were new."""
-    return _insert_new(
+    return insert_new(
         bind,
         decisions,
         (
@@ -119,7 +120,7 @@ def insert_decisions(bind: Bind, rows: Iterable[DecisionRecord]) -> int:
 
 def insert_events(bind: Bind, rows: Iterable[EventRecord]) -> int:
     """Store the events not stored yet; returns how many were new."""
-    return _insert_new(
+    return insert_new(
         bind,
         events,
         (

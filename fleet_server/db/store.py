@@ -19,6 +19,7 @@ from fleet_server.db.devices import (
     touch_devices,
     upsert_device,
 )
+from fleet_server.db.images import ImageRecord, get_image, image_sizes, insert_images
 from fleet_server.db.quarantine import Quarantined, list_quarantine, quarantine
 from fleet_server.db.records import (
     DecisionRecord,
@@ -53,6 +54,7 @@ __all__ = [
     "Device",
     "EnrollmentToken",
     "EventRecord",
+    "ImageRecord",
     "IngestBench",
     "Quarantined",
     "Record",
@@ -63,10 +65,13 @@ __all__ = [
     "count_records",
     "create_token",
     "get_device",
+    "get_image",
     "hash_token",
+    "image_sizes",
     "insert_decisions",
     "insert_events",
     "insert_heartbeats",
+    "insert_images",
     "insert_telemetry",
     "list_decisions",
     "list_devices",

@@ -249,3 +249,21 @@ decision_review_log = sa.Table(
     sqlite_autoincrement=True,  # a seq is never used twice, not even after a delete
 )
 """Every review ever given, oldest first (an override of an override keeps both)."""
+
+decision_images = sa.Table(
+    "decision_images",
+    metadata,
+    sa.Column("decision_id", sa.Text, primary_key=True),
+    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("ts", TS, nullable=False),
+    sa.Column("content_type", sa.Text, nullable=False),
+    sa.Column("width", sa.Integer, nullable=False),
+    sa.Column("height", sa.Integer, nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    sa.Column("received_at", TS, nullable=False),
+    sa.Index(None, "ts"),
+)
+"""The thumbnail a device kept of a decision (a JPEG of a few tens of KB), uploaded after
+the decision and keyed by its id. No foreign key: it may arrive before the decision row.
+An image is shown only with the decision of the same device."""

@@ -21,6 +21,7 @@ from agent.wire.messages import (
     MessageError,
     ReportedState,
     Telemetry,
+    ThumbnailUpload,
     install_state_event,
     parse,
     parse_object,
@@ -47,6 +48,7 @@ class Batch:
     health: list[Health] = field(default_factory=list)
     telemetry: list[Telemetry] = field(default_factory=list)
     decisions: list[DecisionRow] = field(default_factory=list)
+    thumbnails: list[ThumbnailUpload] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     states: list[tuple[str, ReportedState]] = field(default_factory=list)
     rejected: list[tuple[str, str, bytes]] = field(default_factory=list)
@@ -78,6 +80,7 @@ class Batch:
             ("health", self.health, lambda: sink.store_health(self.health)),
             ("telemetry", self.telemetry, lambda: sink.store_telemetry(self.telemetry)),
             ("decisions", self.decisions, lambda: sink.store_decisions(self.decisions)),
+            ("thumbnails", self.thumbnails, lambda: sink.store_thumbnails(self.thumbnails)),
             ("events", self.events, lambda: sink.store_events(self.events)),
         ]
         for what, rows, call in tables:
@@ -146,6 +149,12 @@ def _add_decisions(batch: Batch, device_id: str, payload: bytes, max_bytes: int)
     batch.decisions.extend(upload.rows)
 
 
+def _add_thumbnail(batch: Batch, device_id: str, payload: bytes, max_bytes: int) -> None:
+    thumbnail = parse(ThumbnailUpload, payload, max_bytes)
+    _check(device_id, thumbnail)
+    batch.thumbnails.append(thumbnail)
+
+
 def _add_event(batch: Batch, device_id: str, payload: bytes, max_bytes: int) -> None:
     event = parse(Event, payload, max_bytes)
     _check(device_id, event)
@@ -163,6 +172,7 @@ _HANDLERS: tuple[tuple[Callable[[str], str], _Add], ...] = (
     (topics.heartbeat, _add_heartbeat),
     (topics.telemetry, _add_telemetry),
     (topics.decisions, _add_decisions),
+    (topics.thumbnails, _add_thumbnail),
     (topics.events, _add_event),
     (topics.install_state, _add_install_state),
 )

@@ -14,7 +14,15 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from agent.wire.messages import DecisionRow, Event, Health, Heartbeat, ReportedState, Telemetry
+from agent.wire.messages import (
+    DecisionRow,
+    Event,
+    Health,
+    Heartbeat,
+    ReportedState,
+    Telemetry,
+    ThumbnailUpload,
+)
 
 QUARANTINE_KEEP = 10_000
 """How many quarantined payloads a MemorySink keeps (the count goes on)."""
@@ -37,6 +45,10 @@ class Sink(Protocol):
 
     def store_decisions(self, rows: Sequence[DecisionRow]) -> int:
         """Insert the decision rows not stored yet; how many were inserted."""
+        ...
+
+    def store_thumbnails(self, rows: Sequence[ThumbnailUpload]) -> int:
+        """Insert the decision thumbnails not stored yet; how many were inserted."""
         ...
 
     def store_events(self, rows: Sequence[Event]) -> int:
@@ -98,6 +110,7 @@ class MemorySink:
         self.health: dict[tuple[str, str], Health] = {}
         self.telemetry: dict[tuple[str, str], Telemetry] = {}
         self.decisions: dict[tuple[str, str], DecisionRow] = {}
+        self.thumbnails: dict[tuple[str, str], ThumbnailUpload] = {}
         self.events: dict[tuple[str, str], Event] = {}
         self.states: dict[str, ReportedState] = {}
         self.quarantined: deque[Quarantined] = deque(maxlen=quarantine_keep)
@@ -131,6 +144,10 @@ class MemorySink:
         """Insert the decision rows not stored yet; how many were inserted."""
         return self._insert(self.decisions, rows)
 
+    def store_thumbnails(self, rows: Sequence[ThumbnailUpload]) -> int:
+        """Insert the decision thumbnails not stored yet; how many were inserted."""
+        return self._insert(self.thumbnails, rows)
+
     def store_events(self, rows: Sequence[Event]) -> int:
         """Insert the events not stored yet; how many were inserted."""
         return self._insert(self.events, rows)
@@ -157,5 +174,6 @@ class MemorySink:
                 + len(self.health)
                 + len(self.telemetry)
                 + len(self.decisions)
+                + len(self.thumbnails)
                 + len(self.events)
             )

@@ -23,9 +23,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from agent.wire.messages import DecisionRow, Event, Health, Heartbeat, ReportedState, Telemetry
+from agent.wire.messages import (
+    DecisionRow,
+    Event,
+    Health,
+    Heartbeat,
+    ReportedState,
+    Telemetry,
+    ThumbnailUpload,
+)
 from fleet_server.db import store
-from fleet_server.db.store import DecisionRecord, EventRecord, Record
+from fleet_server.db.store import DecisionRecord, EventRecord, ImageRecord, Record
 from fleet_server.db.tables import devices, events
 
 log = logging.getLogger(__name__)
@@ -122,6 +130,18 @@ class SqlSink:
             for r in rows
         ]
         return store.insert_decisions(self.engine, records)
+
+    def store_thumbnails(self, rows: Sequence[ThumbnailUpload]) -> int:
+        """Insert the decision thumbnails not stored yet; how many new."""
+        if not rows:
+            return 0
+        records = [
+            ImageRecord(
+                r.decision_id, r.device_id, r.decision_time, r.content_type, *r.size(), r.jpeg()
+            )
+            for r in rows
+        ]
+        return store.insert_images(self.engine, records)
 
     def store_events(self, rows: Sequence[Event]) -> int:
         """Insert the events not stored yet; how many new. The stored payload is the

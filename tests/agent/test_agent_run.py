@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from agent.bundle import init_bundle
 from agent.config import load_config
 from agent.errors import ConfigError
+from agent.wire.jpeg import jpeg_size
 from tests.broker import Broker, free_port
 
 BIN = Path(sys.executable).parent
@@ -277,6 +278,11 @@ def test_agent_decides_logs_publishes_and_stops_on_sigterm_within_5s(
     thumb = Path(json.loads(shown.stdout)["thumbnail_path"])
     assert thumb.is_file()
     assert thumb.read_bytes()[:2] == b"\xff\xd8"  # a JPEG
+    # the frame's size goes with the outputs: boxes in frame pixels fit any thumbnail
+    outputs = first["outputs"]
+    frame = (json.loads(outputs) if isinstance(outputs, str) else outputs)["frame"]
+    assert frame == {"width": 640, "height": 480}
+    assert jpeg_size(thumb.read_bytes()) == (320, 240)
 
 
 def test_sensor_pipeline_with_garbage_lines_keeps_deciding(

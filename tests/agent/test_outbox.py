@@ -69,7 +69,7 @@ def test_over_budget_it_drops_health_first_then_events_and_decisions_last(
     assert box.put("event", "t", payload(9)) is None
     box.put("decisions", "t", payload(10), ["d10"])  # only now the oldest decision goes
     assert dropped[-1] == "decisions0000"
-    assert box.stats()["dropped"] == {"health": 3, "event": 3, "decisions": 1}
+    assert box.stats()["dropped"] == {"thumbnail": 0, "health": 3, "event": 3, "decisions": 1}
     assert len(alarms) == 1  # raised once when dropping started
     assert alarms[0][0] == ALARM_DROPPING
     assert "health" in alarms[0][1]
@@ -77,6 +77,29 @@ def test_over_budget_it_drops_health_first_then_events_and_decisions_last(
     box.delete(e.seq for e in box.oldest()[:3])  # under half the budget: alarm cleared
     assert box.stats()["dropping"] is False
     box.close()
+
+
+def test_thumbnails_go_first_and_an_order_written_without_them_still_drops_them_first(
+    tmp_path: Path,
+) -> None:
+    dropped: list[str] = []
+    box = Outbox(
+        tmp_path / "o.db", 3 * RECORD, drop_order=["event", "health", "decisions"],
+        on_dropped=lambda e: dropped.append(e.kind),
+    ).open()  # fmt: skip
+    assert box.drop_order == ("thumbnail", "event", "health", "decisions")
+    box.put("health", "t", payload(0))
+    box.put("thumbnail", "t", payload(1), ["d1"])
+    box.put("event", "t", payload(2))
+    box.put("decisions", "t", payload(3), ["d3"])  # the thumbnail goes, not the older health
+    assert dropped == ["thumbnail"]
+    assert box.put("thumbnail", "t", payload(4), ["d4"]) is None  # evicts nothing else
+    assert box.stats()["dropped"]["thumbnail"] == 2
+    box.close()
+    with pytest.raises(OutboxError, match="thumbnail, health, event, decisions"):
+        Outbox(tmp_path / "p.db", RECORD, drop_order=["health", "event"])
+    with pytest.raises(OutboxError, match="unknown record kind 'image'"):
+        Outbox(tmp_path / "q.db", RECORD).open().put("image", "t", b"x")
 
 
 def test_a_record_larger_than_the_whole_budget_is_dropped_and_counted(tmp_path: Path) -> None:

@@ -108,7 +108,12 @@ def test_an_outage_loses_nothing_and_every_record_arrives_once(
     health = ids(engine, "SELECT record_id FROM telemetry WHERE device_id = :d", "dev-o")
     seqs = sorted(int(h.split(":")[1]) for h in health)
     assert seqs == list(range(health_put))  # none missing, none twice
-    assert uplink_stats["outbox"]["dropped"] == {"health": 0, "event": 0, "decisions": 0}
+    assert uplink_stats["outbox"]["dropped"] == {
+        "thumbnail": 0,
+        "health": 0,
+        "event": 0,
+        "decisions": 0,
+    }
     assert worker.stats().quarantined == 0
     dlog.close()
 

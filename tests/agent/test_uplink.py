@@ -12,23 +12,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.decisionlog import QUEUED, UPLOADED
+from agent.decisionlog import QUEUED, UPLOADED, DecisionLog, DecisionLogConfig
 from agent.identity import Identity
 from agent.uplink import SysInfo, Uplink, UplinkError
 from agent.uplink.acks import AckTracker
 from agent.uplink.decisions import make_batch, pending_rows, rows_in_state, to_wire
 from agent.uplink.sysinfo import process_cpu_s, rss_kb, temperatures
 from agent.wire import topics
+from agent.wire.jpeg import jpeg_size
 from agent.wire.messages import (
     DecisionUpload,
     Event,
     Heartbeat,
     MessageError,
     ReportedState,
+    ThumbnailUpload,
     parse,
     parse_telemetry,
 )
@@ -120,6 +123,78 @@ def test_uplink_reports_state_heartbeats_health_an_event_and_uploads_decisions(
     assert stats["refused"] == {}
     assert stats["acked"]["decisions"] == 1
     assert stats["acked"]["event"] == 1
+    dlog.close()
+
+
+def test_the_thumbnails_the_log_keeps_are_uploaded_before_their_decisions(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    identity = enrolled("dev-t")
+    peer = fleet()
+    peer.subscribe(f"{topics.PREFIX}/devices/dev-t/#")
+    dlog = DecisionLog(
+        tmp_path / "log", DecisionLogConfig(thumbnails="non-pass", thumbnail_max_side=64),
+        device_id="dev-t",
+    )  # fmt: skip
+    dlog.open()
+    frame = np.zeros((120, 160, 3), np.uint8)
+    frame[40:80, 60:100] = (30, 30, 200)
+    now = time.time()
+    outcomes = ["reject", "pass", "review", "reject"]
+    ids = [
+        dlog.append(make_record(i, now - 5 + i * 0.01, outcome=o, thumbnail=frame))
+        for i, o in enumerate(outcomes)
+    ]
+    assert dlog.flush()
+    kept = {r["id"]: r["thumbnail"] for r in pending_rows(dlog.path, 10)}
+    assert [i for i in ids if kept[i]] == [ids[0], ids[2], ids[3]]  # "non-pass" keeps three
+    (tmp_path / "log" / kept[ids[3]]).unlink()  # as retention would have
+    uplink = Uplink("dev-t", identity, FAST, state=dict, health=dict, decision_log=dlog)
+    uplinks.append(uplink)
+    uplink.start()
+    assert uplink.wait_connected(WAIT_S)
+
+    def done(got: list[tuple[str, bytes]]) -> bool:
+        return bool(on(topics.decisions("dev-t"))(got))
+
+    got = [(t, p) for t, p in collect(peer, done) if t.endswith(("/thumbnails", "/decisions"))]
+    assert [t for t, _ in got] == [topics.thumbnails("dev-t")] * 2 + [topics.decisions("dev-t")]
+    thumbs = [parse(ThumbnailUpload, p) for _, p in got[:2]]
+    assert [t.decision_id for t in thumbs] == [ids[0], ids[2]]
+    for thumb in thumbs:
+        assert thumb.jpeg() == (tmp_path / "log" / kept[thumb.decision_id]).read_bytes()
+        assert jpeg_size(thumb.jpeg()) == (64, 48)
+    upload = parse(DecisionUpload, got[2][1])
+    assert [r.id for r in upload.rows] == ids  # the one without its file is uploaded too
+    wait_until(lambda: uplink.stats().get("thumbnails_uploaded") == 2)
+    stats = uplink.stats()
+    assert stats["thumbnails_queued"] == 2
+    assert stats["thumbnails_missing"] == 1
+    assert stats["acked"]["thumbnail"] == 2
+    dlog.close()
+
+
+def test_with_upload_thumbnails_off_only_the_decisions_go(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    identity = enrolled("dev-u")
+    peer = fleet()
+    peer.subscribe(f"{topics.PREFIX}/devices/dev-u/#")
+    dlog = DecisionLog(tmp_path / "log", DecisionLogConfig(thumbnails="all"), device_id="dev-u")
+    dlog.open()
+    frame = np.full((32, 32, 3), 90, np.uint8)
+    ids = [dlog.append(make_record(i, time.time(), thumbnail=frame)) for i in range(3)]
+    assert dlog.flush()
+    config = FAST.model_copy(update={"upload_thumbnails": False})
+    uplink = Uplink("dev-u", identity, config, state=dict, health=dict, decision_log=dlog)
+    uplinks.append(uplink)
+    uplink.start()
+    got = collect(peer, lambda g: bool(on(topics.decisions("dev-u"))(g)))
+    assert on(topics.thumbnails("dev-u"))(got) == []
+    assert [r.id for r in parse(DecisionUpload, on(topics.decisions("dev-u"))(got)[0]).rows] == ids
+    assert "thumbnails_queued" not in uplink.stats()
     dlog.close()
 
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
@@ -29,6 +31,7 @@ from agent.wire.messages import (
     Percentiles,
     ReportedState,
     Telemetry,
+    ThumbnailUpload,
     encode,
 )
 from fleet_server.ingest import IngestError, IngestWorker, MemorySink
@@ -113,6 +116,12 @@ def _row(device_id: str, n: int) -> DecisionRow:
     )
 
 
+def _jpeg(width: int = 40, height: int = 30) -> bytes:
+    ok, buf = cv2.imencode(".jpg", np.full((height, width, 3), 120, np.uint8))
+    assert ok
+    return bytes(buf)
+
+
 def _reports(device_id: str) -> list[tuple[str, bytes]]:
     """One message of every kind the agent sends, on its topic."""
     return [
@@ -152,6 +161,10 @@ def _reports(device_id: str) -> list[tuple[str, bytes]]:
             ),
         ),
         (
+            topics.thumbnails(device_id),
+            encode(ThumbnailUpload.of(device_id, f"0197-{device_id}-0", TS, _jpeg())),
+        ),
+        (
             topics.events(device_id),
             encode(Event(device_id=device_id, kind="alarm", event_id="a-1", ts=TS)),
         ),
@@ -169,8 +182,9 @@ def test_every_kind_of_report_is_stored(
     worker = worker_factory(sink)
     publisher.send(_reports("dev-1"))
 
-    assert _wait(lambda: sink.total() == 8 and "dev-1" in sink.states)
+    assert _wait(lambda: sink.total() == 9 and "dev-1" in sink.states)
     assert len(sink.heartbeats) == 1
+    assert [t.jpeg() for t in sink.thumbnails.values()] == [_jpeg()]
     assert len(sink.health) == 1
     assert len(sink.telemetry) == 1
     assert sorted(r.input_digest for r in sink.decisions.values()) == ["in0", "in1", "in2"]
@@ -178,7 +192,7 @@ def test_every_kind_of_report_is_stored(
     assert kinds == ["alarm", "install"]
     assert sink.states["dev-1"].active == BundleRef(name="cls", version="1.0.0", release=1)
     stats = worker.stats()
-    assert (stats.received, stats.stored, stats.states, stats.quarantined) == (7, 8, 1, 0)
+    assert (stats.received, stats.stored, stats.states, stats.quarantined) == (8, 9, 1, 0)
 
 
 def test_bad_payloads_are_quarantined_and_counted_while_good_ones_keep_flowing(
@@ -187,6 +201,7 @@ def test_bad_payloads_are_quarantined_and_counted_while_good_ones_keep_flowing(
     sink = MemorySink()
     worker = worker_factory(sink, max_payload_bytes=4096)
     beat = json.loads(encode(Heartbeat(device_id="dev-1", seq=0, ts=TS)))
+    thumb = json.loads(encode(ThumbnailUpload.of("dev-1", "d-1", TS, _jpeg())))
     oversized = json.dumps({**beat, "pad": "x" * 5000}).encode()
     bad = [
         (topics.heartbeat("dev-1"), b"{not json"),
@@ -197,6 +212,8 @@ def test_bad_payloads_are_quarantined_and_counted_while_good_ones_keep_flowing(
         (topics.decisions("dev-1"), b"[]"),
         (topics.events("dev-1"), b""),
         (topics.install_state("dev-1"), b"42"),
+        (topics.thumbnails("dev-1"), json.dumps({**thumb, "data": "bm90IGEganBlZw=="}).encode()),
+        (topics.thumbnails("dev-1"), json.dumps({**thumb, "data": "%%%%"}).encode()),
     ]
     good = [
         (topics.heartbeat("dev-1"), encode(Heartbeat(device_id="dev-1", seq=n, ts=TS)))
@@ -235,6 +252,9 @@ def test_bad_payloads_are_quarantined_and_counted_while_good_ones_keep_flowing(
     assert "not an object" in reasons[topics.decisions("dev-1")][0]
     assert any("kind" in r for r in reasons[topics.events("dev-1")])
     assert "not an object" in reasons[topics.install_state("dev-1")][0]
+    thumbs = reasons[topics.thumbnails("dev-1")]
+    assert "data: not a JPEG (no FF D8 start-of-image marker)" in thumbs[0]
+    assert "not base64" in thumbs[1]
     stats = worker.stats()
     assert stats.received == len(mixed) + 2
     assert stats.stored == 21
@@ -249,11 +269,11 @@ def test_retried_and_redelivered_records_are_stored_once(
     worker = worker_factory(sink)
     reports = [r for r in _reports("dev-3") if r[0] != topics.state("dev-3")]
     publisher.send(reports)
-    assert _wait(lambda: sink.total() == 8)
+    assert _wait(lambda: sink.total() == 9)
     publisher.send(reports)  # the agent's outbox sends again: no PUBACK seen, say
-    assert _wait(lambda: worker.stats().duplicates == 8)
-    assert sink.total() == 8
-    assert worker.stats().stored == 8
+    assert _wait(lambda: worker.stats().duplicates == 9)
+    assert sink.total() == 9
+    assert worker.stats().stored == 9
 
 
 def test_a_gzipped_decision_upload_is_stored_and_a_gzip_bomb_is_quarantined(

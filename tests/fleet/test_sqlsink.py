@@ -9,6 +9,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+import cv2
+import numpy as np
 import paho.mqtt.client as mqtt
 import sqlalchemy as sa
 from paho.mqtt.enums import CallbackAPIVersion
@@ -25,6 +27,7 @@ from agent.wire.messages import (
     Percentiles,
     ReportedState,
     Telemetry,
+    ThumbnailUpload,
     encode,
     install_state_event,
 )
@@ -108,6 +111,36 @@ def test_each_kind_of_record_is_stored_once_and_the_counts_are_rows_inserted(db:
     assert decision.payload["outputs"] == {"score": 0.1}
     (event,) = store.list_events(db, "dev-a", kind="alarm")
     assert event.payload == {"x": 1}
+
+
+def _jpeg(width: int, height: int, grey: int = 120) -> bytes:
+    ok, buf = cv2.imencode(".jpg", np.full((height, width, 3), grey, np.uint8))
+    assert ok
+    return bytes(buf)
+
+
+def test_a_thumbnail_is_stored_once_and_shown_only_with_the_decision_of_its_device(
+    db: Engine,
+) -> None:
+    sink = SqlSink(db)
+    rows = [_row("dev-a", n) for n in range(3)]
+    picture = _jpeg(64, 48)
+    thumb = ThumbnailUpload.of("dev-a", rows[0].id, TS, picture)
+    assert sink.store_thumbnails([thumb, thumb]) == 1  # before its decision arrives
+    assert store.get_image(db, rows[0].id) is None  # no decision yet: nothing to show
+    assert sink.store_decisions(rows) == 3
+    image = store.get_image(db, rows[0].id)
+    assert image is not None
+    assert (image.data, image.width, image.height, image.content_type) == (
+        picture, 64, 48, "image/jpeg",
+    )  # fmt: skip
+    assert sink.store_thumbnails([ThumbnailUpload.of("dev-a", rows[0].id, TS, _jpeg(8, 8))]) == 0
+    assert store.get_image(db, rows[0].id) == image  # the first one stays
+    # Another device's picture under dev-a's decision id is kept but never shown.
+    assert sink.store_thumbnails([ThumbnailUpload.of("dev-b", rows[1].id, TS, _jpeg(9, 9))]) == 1
+    assert store.get_image(db, rows[1].id) is None
+    assert store.image_sizes(db, [r.id for r in rows]) == {rows[0].id: (64, 48)}
+    assert store.image_sizes(db, []) == {}
 
 
 def test_unknown_fields_of_an_event_message_are_kept_with_its_payload(db: Engine) -> None:

@@ -7,14 +7,18 @@ import json
 import sqlite3
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 from agent.decisionlog import schema
 from agent.decisionlog.encode import row_of
 from agent.decisionlog.record import DecisionRecord, new_id
 from agent.wire import topics
+from agent.wire.jpeg import JpegError, jpeg_size
 from agent.wire.messages import (
     MAX_PAYLOAD_BYTES,
+    MAX_THUMBNAIL_BYTES,
     BundleRef,
     DecisionRow,
     DecisionUpload,
@@ -27,6 +31,7 @@ from agent.wire.messages import (
     Percentiles,
     ReportedState,
     Telemetry,
+    ThumbnailUpload,
     encode,
     install_state_event,
     parse,
@@ -279,3 +284,51 @@ def test_sample_record_ids_are_stable_and_differ_between_kinds() -> None:
     assert again.key() == beat.key() == ("dev-1", beat.record_id)
     assert health.record_id != beat.record_id
     assert Heartbeat(device_id="dev-1", seq=3, ts=TS + 0.001).key() != beat.key()
+
+
+def _jpeg(width: int, height: int, quality: int = 90, gray: bool = False) -> bytes:
+    image = np.zeros((height, width) if gray else (height, width, 3), np.uint8)
+    image[::3] = 200
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return bytes(buf)
+
+
+@pytest.mark.parametrize(("width", "height", "gray"), [(320, 240, False), (17, 301, True)])
+def test_the_size_of_a_jpeg_is_read_from_its_frame_header(
+    width: int, height: int, gray: bool
+) -> None:
+    assert jpeg_size(_jpeg(width, height, gray=gray)) == (width, height)
+    progressive = cv2.imencode(
+        ".jpg", np.full((height, width, 3), 50, np.uint8), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
+    )[1]
+    assert jpeg_size(bytes(progressive)) == (width, height)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"\x89PNG\r\n\x1a\n", "no FF D8 start-of-image marker"),
+        (b"\xff\xd8\xff\xe0\x00\x10JFIF", "segment FF E0 of length 16"),
+        (b"\xff\xd8\xff\xda\x00\x08", "no frame header before the image data"),
+        (b"\xff\xd8\x00", "no marker at byte 2"),
+        (b"\xff\xd8\xff\xc0\x00\x0b\x08\x00\x00\x00\x10\x03\x01\x11\x00", "says 16 x 0"),
+    ],
+)
+def test_a_jpeg_without_a_readable_size_is_refused_naming_why(data: bytes, why: str) -> None:
+    with pytest.raises(JpegError, match=why):
+        jpeg_size(data)
+
+
+def test_a_thumbnail_round_trips_and_a_non_jpeg_or_oversized_one_is_refused() -> None:
+    picture = _jpeg(64, 48)
+    thumb = ThumbnailUpload.of("dev-1", "0197-a", 1_750_000_000.0, picture)
+    back = parse(ThumbnailUpload, encode(thumb))
+    assert (back.jpeg(), back.size(), back.key()) == (picture, (64, 48), ("dev-1", "0197-a"))
+    with pytest.raises(MessageError, match="no FF D8 start-of-image marker"):
+        ThumbnailUpload.of("dev-1", "0197-a", 1_750_000_000.0, b"GIF89a" + b"\0" * 10)
+    big = picture[:-2] + b"\0" * (MAX_THUMBNAIL_BYTES - len(picture) + 8) + picture[-2:]
+    with pytest.raises(MessageError, match=f"over {MAX_THUMBNAIL_BYTES}|at most"):
+        ThumbnailUpload.of("dev-1", "0197-a", 1_750_000_000.0, big)
+    with pytest.raises(MessageError, match="decision_id"):
+        ThumbnailUpload.of("dev-1", "no/slash", 1_750_000_000.0, picture)
