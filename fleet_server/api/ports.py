@@ -43,12 +43,14 @@ class ActionRefused(RolloutError):
 class RolloutOps(Protocol):
     """Create, read and act on rollouts; every method is called from a worker thread."""
 
-    def create(self, spec: Mapping[str, Any]) -> str:
+    def create(self, spec: Mapping[str, Any], *, rollout_id: str | None = None) -> str:
         """Plan and store a rollout from a spec (as :func:`fleet_server.rollout.parse_spec`
-        accepts it); return its id.
+        accepts it); return its id, ``rollout_id`` when given (a form posted twice then
+        makes one rollout), else a new one.
 
         Raises:
             RolloutError: invalid spec, unknown bundle release, no device selected.
+            RolloutConflict: a rollout with ``rollout_id`` exists.
         """
         ...
 

@@ -22,7 +22,6 @@ from fleet_server.auth.deps import Principal
 from fleet_server.db import RolloutConflict, store
 from fleet_server.errors import FleetError
 from fleet_server.rollout import Rollout, RolloutError, from_dict
-from fleet_server.rollout.service import RolloutService
 from fleet_server.web.charts import progress_bar
 from fleet_server.web.pages import PREFIX, SECURITY_HEADERS, Console, PageError, posted, signed_in
 from fleet_server.web.rolloutform import RolloutForm, new_rollout_id, preview
@@ -110,12 +109,7 @@ def rollouts_router(console: Console) -> APIRouter:
         try:
             form.spec()
             data = form.spec_data()
-            if isinstance(service, RolloutService):
-                rid = await run_in_threadpool(
-                    lambda: service.create(data, rollout_id=form.rollout_id)
-                )
-            else:
-                rid = await run_in_threadpool(service.create, data)
+            rid = await run_in_threadpool(lambda: service.create(data, rollout_id=form.rollout_id))
         except RolloutConflict:
             rid = form.rollout_id  # the same form posted twice: show what the first made
         except RolloutError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 from agent.bundle import init_bundle
 from fleet_server.api import ActionRefused, ServerContext, rollout_view
 from fleet_server.config import FleetServerConfig, parse_config
-from fleet_server.db import store
+from fleet_server.db import RolloutConflict, store
 from fleet_server.db.store import RolloutRecord
 from fleet_server.repository import KeyStore, Passphrases, Repository
 from fleet_server.rollout import (
@@ -106,7 +106,7 @@ class LocalRolloutOps:
     def stop(self) -> None:
         self.ctx.rollouts = None
 
-    def create(self, spec_mapping: Mapping[str, Any]) -> str:
+    def create(self, spec_mapping: Mapping[str, Any], *, rollout_id: str | None = None) -> str:
         spec = parse_spec(spec_mapping)
         releases = [
             b.release for b in self.ctx.repository.bundles(spec.bundle) if b.version == spec.version
@@ -125,7 +125,10 @@ class LocalRolloutOps:
             for d in store.list_devices(self.ctx.engine, include_revoked=False)
         ]
         now = time.time()
-        rollout = plan(f"r-{uuid.uuid4().hex[:12]}", spec, releases[-1], devices, now)
+        rid = rollout_id or f"r-{uuid.uuid4().hex[:12]}"
+        if store.load_rollout(self.ctx.engine, rid) is not None:
+            raise RolloutConflict(rid, 0, "a rollout with this id exists")
+        rollout = plan(rid, spec, releases[-1], devices, now)
         rollout, _ = step(rollout, Tick(now))
         record = RolloutRecord(
             rollout_id=rollout.rollout_id,
