@@ -12,7 +12,9 @@ signed model rolled out to them in waves, every step printed.
 4. ``fleetctl rollouts create --bundle text-det@4.0.1 --waves 1,100%``: the fleet signs a
    directive for cam-a, which verifies, installs, health-checks and commits it, then
    cam-b; ``fleetctl rollouts status`` and ``fleetctl devices list`` show it;
-5. the decisions each agent logged, before and after its switch.
+5. a decision of cam-a as the fleet's review API has it, with the thumbnail the agent
+   uploaded (what the console's decision page shows);
+6. the decisions each agent logged, before and after its switch.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,6 +106,36 @@ def run(args: list[str], env: dict[str, str], **kw: object) -> str:
 
 def fleetctl(env: dict[str, str], *args: str) -> str:
     return run([str(BIN / "fleetctl"), *args], env)
+
+
+def api_get(env: dict[str, str], path: str) -> tuple[bytes, str]:
+    """GET ``path`` of the fleet API with the operator token: (body, content type)."""
+    req = urllib.request.Request(  # the demo's own server on loopback
+        env["EDGEFLEET_SERVER"] + path,
+        headers={"Authorization": f"Bearer {env['EDGEFLEET_API_TOKEN']}"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.read(), resp.headers.get("Content-Type", "")
+
+
+def show_review(env: dict[str, str], device: str) -> None:
+    """What a line manager sees: the device's uploaded decisions, one with its image."""
+    for outcome in ("reject", "review"):
+        body, _ = api_get(env, f"/api/v1/decisions?device={device}&outcome={outcome}&limit=20")
+        for row in json.loads(body)["rows"]:
+            try:
+                jpeg, kind = api_get(env, f"/api/v1/decisions/{row['id']}/image")
+            except urllib.error.HTTPError:
+                continue  # its thumbnail is not there yet
+            print(
+                f"== the fleet's review of {device}: {row['id']} {row['outcome']}, "
+                f"its thumbnail {len(jpeg)} bytes {kind} "
+                f"at /api/v1/decisions/{row['id']}/image; the console shows it at "
+                f"/ui/decisions/{row['id']}",
+                flush=True,
+            )
+            return
+    print(f"== the fleet's review of {device}: no decision with a thumbnail yet", flush=True)
 
 
 def main() -> int:
@@ -259,6 +293,7 @@ def main() -> int:
             time.sleep(0.5)
         time.sleep(3)
         print(fleetctl(env, "devices", "list"), flush=True)
+        show_review(env, AGENTS[0])
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)

@@ -274,9 +274,10 @@ class DecisionUpload(Message):
 class ThumbnailUpload(Message):
     """The JPEG thumbnail the decision log kept of one decision.
 
-    Sent after the decision's upload is queued; the fleet keeps it beside the decision,
-    whichever of the two arrives first. ``data`` is the JPEG in standard base64; it is
-    checked to be a JPEG of at most :data:`MAX_THUMBNAIL_BYTES` whose size can be read.
+    Queued just before the upload batch that holds the decision; the fleet keeps it
+    beside the decision, whichever of the two arrives first. ``data`` is the JPEG in
+    standard base64; it is checked to be a JPEG of at most :data:`MAX_THUMBNAIL_BYTES`
+    whose size can be read.
     """
 
     kind: Literal["thumbnail"] = Field("thumbnail", description="Message kind.")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,12 +19,18 @@ from fleet_server.review import (
     Review,
     Verdict,
     encode_cursor,
+    image_url,
 )
 from fleet_server.review.reviews import MAX_NOTE
 
 IMAGE_NOTE = (
-    "Decision uploads carry no pixels: the device keeps its thumbnails in its own "
-    "decision log (thumbnail_on_device is the path there, when it kept one)."
+    "The thumbnail the device kept in its decision log and uploaded: the whole frame "
+    "scaled down; boxes are in frame pixels (outputs.frame is the frame's size)."
+)
+NO_IMAGE_NOTE = (
+    "No image uploaded: the device keeps thumbnails of the decisions its [decision_log] "
+    "thumbnails setting names ('non-pass' by default) and uploads them unless [uplink] "
+    "upload_thumbnails is off; one may also still be on its way."
 )
 
 
@@ -79,9 +86,13 @@ class DecisionRowOut(ApiModel):
     reviewed: bool = Field(description="Someone reviewed it.")
     reviewed_outcome: str | None = Field(description="The outcome the current review set.")
     review: ReviewOut | None = Field(description="The current review.")
+    image: str | None = Field(
+        description="Path of the decision's image (a JPEG thumbnail of the frame), null "
+        "when its device uploaded none."
+    )
 
 
-def row_out(row: DecisionSummary) -> DecisionRowOut:
+def row_out(row: DecisionSummary, has_image: bool = False) -> DecisionRowOut:
     """The API form of a list row."""
     fields = {k: v for k, v in vars(row).items() if k != "review"}
     r = row.review
@@ -90,6 +101,7 @@ def row_out(row: DecisionSummary) -> DecisionRowOut:
         reviewed=r is not None,
         reviewed_outcome=None if r is None else r.outcome,
         review=None if r is None else review_out(r),
+        image=image_url(row.id) if has_image else None,
     )
 
 
@@ -103,10 +115,15 @@ class DecisionPageOut(ApiModel):
     limit: int = Field(description="The page size asked for.")
 
 
-def page_out(page: Page, limit: int) -> DecisionPageOut:
-    """The API form of a page."""
+def page_out(
+    page: Page, limit: int, images: Mapping[str, tuple[int, int]] | None = None
+) -> DecisionPageOut:
+    """The API form of a page; ``images`` holds the ids of its decisions with an image."""
     cursor = None if page.next_cursor is None else encode_cursor(page.next_cursor)
-    return DecisionPageOut(rows=[row_out(r) for r in page.rows], next_cursor=cursor, limit=limit)
+    have = images or {}
+    return DecisionPageOut(
+        rows=[row_out(r, r.id in have) for r in page.rows], next_cursor=cursor, limit=limit
+    )
 
 
 class BoxOut(ApiModel):
@@ -154,8 +171,9 @@ class DecisionDetailOut(DecisionRowOut):
     thresholds: dict[str, Any] = Field(description="Thresholds the policy applied.")
     latencies_ms: dict[str, Any] = Field(description="Per stage, ms.")
     thumbnail_on_device: str | None = Field(description="Thumbnail path on the device, if kept.")
-    image: str | None = Field(description="Always null: " + IMAGE_NOTE)
-    image_note: str = Field(description="Why there is no image.")
+    image_width: int | None = Field(description="The image's width in pixels (null: none).")
+    image_height: int | None = Field(description="The image's height in pixels (null: none).")
+    image_note: str = Field(description="What the image is, or why there is none.")
     device_labels: dict[str, str] = Field(description="The device's labels.")
     history: list[ReviewOut] = Field(description="Its reviews, newest first.")
     payload: dict[str, Any] = Field(description="The row as the device uploaded it.")
@@ -169,13 +187,17 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def detail_out(detail: DecisionDetail) -> DecisionDetailOut:
-    """The API form of a decision in whole."""
+def detail_out(
+    detail: DecisionDetail, image_size: tuple[int, int] | None = None
+) -> DecisionDetailOut:
+    """The API form of a decision in whole; ``image_size`` is its image's (width,
+    height), None without one."""
     p = detail.payload
     decided_at = p.get("decision_time")
     thumb = _str(p.get("thumbnail"))
+    width, height = image_size if image_size is not None else (None, None)
     return DecisionDetailOut(
-        **row_out(detail.summary).model_dump(),
+        **row_out(detail.summary, image_size is not None).model_dump(),
         decision_time=float(decided_at) if isinstance(decided_at, (int, float)) else None,
         backend=_str(p.get("backend")),
         config_hash=_str(p.get("config_hash")),
@@ -185,8 +207,9 @@ def detail_out(detail: DecisionDetail) -> DecisionDetailOut:
         thresholds=_dict(p.get("thresholds")),
         latencies_ms=_dict(p.get("latencies_ms")),
         thumbnail_on_device=thumb or None,
-        image=None,
-        image_note=IMAGE_NOTE,
+        image_width=width,
+        image_height=height,
+        image_note=NO_IMAGE_NOTE if image_size is None else IMAGE_NOTE,
         device_labels=detail.labels,
         history=[review_out(r) for r in detail.history],
         payload=p,

@@ -1,9 +1,10 @@
 """Decision review endpoints (docs/decision-review.md).
 
 ``GET /api/v1/decisions`` (a filtered page, keyset cursor), ``GET
-/api/v1/decisions/{id}`` (one in whole) and ``GET /api/v1/decisions/accuracy`` need
-``fleet:read``; ``POST /api/v1/decisions/{id}/review`` needs ``decisions:review`` (and,
-with the session cookie, the CSRF token); ``GET /api/v1/decisions/export.csv`` and
+/api/v1/decisions/{id}`` (one in whole), ``GET /api/v1/decisions/{id}/image`` (the JPEG
+its device uploaded) and ``GET /api/v1/decisions/accuracy`` need ``fleet:read``; ``POST
+/api/v1/decisions/{id}/review`` needs ``decisions:review`` (and, with the session
+cookie, the CSRF token); ``GET /api/v1/decisions/export.csv`` and
 ``GET /api/v1/labels`` need ``decisions:export``. A malformed or unknown query
 parameter is a 400 naming it.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Protocol
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.engine import Engine
 
@@ -41,13 +42,17 @@ from fleet_server.review import (
     MAX_LABELS,
     MAX_LIMIT,
     DecisionFilter,
+    NoImage,
     ReviewError,
     UnknownDecision,
     accuracy,
     check_export_size,
+    decision_image,
     decode_cursor,
+    etag,
     export_csv,
     get_decision,
+    image_sizes,
     labels_since,
     list_decisions,
     parse_filter,
@@ -59,17 +64,20 @@ READ = [require("fleet:read")]
 MAX_PARAM = 1000
 TIME_HELP = "Unix seconds or ISO 8601 with a zone"
 NOT_FOUND = error_responses(e404="No such decision")
+NO_IMAGE = error_responses(e404="No such decision, or no image of it uploaded")
+IMAGE_CACHE = "private, max-age=86400"
+"""A stored image never changes: the browser keeps it a day (private: it needs a sign-in)."""
 DEFAULT_GROUP = "line,model_version"
 ACCURACY_PARAMS = ("group", "line", "model_version", "device", "site", "since", "until")
 
 
 @contextmanager
 def answering() -> Iterator[None]:
-    """Turn review errors into HTTP answers: 404 for an unknown decision, else 400
-    naming the parameter or field."""
+    """Turn review errors into HTTP answers: 404 for an unknown decision or a missing
+    image, else 400 naming the parameter or field."""
     try:
         yield
-    except UnknownDecision as exc:
+    except (UnknownDecision, NoImage) as exc:
         raise HTTPException(404, str(exc)) from None
     except ReviewError as exc:
         raise HTTPException(400, str(exc)) from None
@@ -146,6 +154,13 @@ def accuracy_filter(
 Filter = Annotated[DecisionFilter, Depends(decision_filter)]
 
 
+def _matches(if_none_match: str, tag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``tag`` (or is ``*``); weak
+    comparison, as RFC 9110 says for GET."""
+    given = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in given or tag in given
+
+
 class HasEngine(Protocol):
     """What the endpoints need of the server: its database (a
     :class:`~fleet_server.api.context.ServerContext` has it; so has the bench's stand-in)."""
@@ -176,7 +191,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         with answering():
             after = None if cursor is None else decode_cursor(cursor)
             page = list_decisions(ctx.engine, f, after=after, limit=limit)
-        out = page_out(page, limit)
+        out = page_out(page, limit, image_sizes(ctx.engine, [r.id for r in page.rows]))
         took_ms = (time.perf_counter() - started) * 1000
         response.headers["Server-Timing"] = f"list;dur={took_ms:.1f}"
         return out
@@ -230,7 +245,40 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         """One decision in whole: outputs, boxes, thresholds, latencies, model and
         bundle, the device's labels, the current review and the review history."""
         with answering():
-            return detail_out(get_decision(ctx.engine, decision_id))
+            detail = get_decision(ctx.engine, decision_id)
+        return detail_out(detail, image_sizes(ctx.engine, [decision_id]).get(decision_id))
+
+    @router.get(
+        "/decisions/{decision_id}/image",
+        dependencies=READ,
+        response_class=Response,
+        responses={
+            200: {"content": {"image/jpeg": {}}, "description": "The JPEG."},
+            304: {"description": "Not modified (If-None-Match named its ETag)."},
+            **NO_IMAGE,
+        },
+    )
+    def image(
+        decision_id: str,
+        if_none_match: Annotated[str | None, Header(max_length=MAX_PARAM)] = None,
+    ) -> Response:
+        """The thumbnail the decision's device kept of its frame and uploaded (the whole
+        frame scaled down; the decision's boxes are in frame pixels, ``outputs.frame``
+        gives the frame's size). A 404 names the decision when it is unknown or no image
+        of it (by its own device) is stored. It never changes: cached a day, with an
+        ETag."""
+        with answering():
+            record = decision_image(ctx.engine, decision_id)
+        tag = etag(record.data)
+        headers = {
+            "ETag": tag,
+            "Cache-Control": IMAGE_CACHE,
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+        }
+        if if_none_match is not None and _matches(if_none_match, tag):
+            return Response(status_code=304, headers=headers)
+        return Response(record.data, media_type=record.content_type, headers=headers)
 
     @router.post("/decisions/{decision_id}/review", responses=NOT_FOUND)
     def review(

@@ -1,5 +1,6 @@
-"""Decision thumbnails: stored once per decision id, shown only with the decision of the
-same device (a device can't put its picture under another device's decision)."""
+"""Decision thumbnails: stored once per (decision id, device), shown only with the
+decision of the same device (a device can't put its picture under another device's
+decision, nor keep that device's own picture out)."""
 
 from __future__ import annotations
 

@@ -254,7 +254,7 @@ decision_images = sa.Table(
     "decision_images",
     metadata,
     sa.Column("decision_id", sa.Text, primary_key=True),
-    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("device_id", sa.Text, primary_key=True),
     sa.Column("ts", TS, nullable=False),
     sa.Column("content_type", sa.Text, nullable=False),
     sa.Column("width", sa.Integer, nullable=False),
@@ -264,6 +264,7 @@ decision_images = sa.Table(
     sa.Column("received_at", TS, nullable=False),
     sa.Index(None, "ts"),
 )
-"""The thumbnail a device kept of a decision (a JPEG of a few tens of KB), uploaded after
-the decision and keyed by its id. No foreign key: it may arrive before the decision row.
-An image is shown only with the decision of the same device."""
+"""The thumbnail a device kept of a decision (a JPEG of a few tens of KB), keyed by the
+decision's id and the uploading device (so a device that sends a picture under another
+device's decision id first can't keep the real one out). No foreign key: it may arrive
+before the decision row. An image is shown only with the decision of the same device."""

@@ -7,8 +7,11 @@ reviews (the ground-truth labels), accuracy from those labels and CSV export.
 - :mod:`~fleet_server.review.reviews`: a decision in whole; confirming or overriding it.
 - :mod:`~fleet_server.review.labels`: the labels feed and accuracy per group.
 - :mod:`~fleet_server.review.export`: CSV of a filtered list, streamed.
-- :mod:`~fleet_server.review.seed` and :mod:`~fleet_server.review.bench`: the list at
-  1,000,000 decisions (``make bench``).
+- :mod:`~fleet_server.review.images`: a decision's image (the thumbnail its device
+  uploaded).
+- :mod:`~fleet_server.review.seed` (its images from
+  :mod:`~fleet_server.review.seed_images`) and :mod:`~fleet_server.review.bench`: the list
+  and the review pages at 1,000,000 decisions (``make bench``).
 
 docs/decision-review.md describes the whole; the HTTP endpoints are in
 :mod:`fleet_server.api.decisions`.
@@ -16,7 +19,7 @@ docs/decision-review.md describes the whole; the HTTP endpoints are in
 
 from __future__ import annotations
 
-from fleet_server.review.errors import BadQuery, BadReview, ReviewError, UnknownDecision
+from fleet_server.review.errors import BadQuery, BadReview, NoImage, ReviewError, UnknownDecision
 from fleet_server.review.export import COLUMNS, MAX_EXPORT_ROWS, check_export_size, export_csv
 from fleet_server.review.filters import (
     DEFAULT_LIMIT,
@@ -27,6 +30,14 @@ from fleet_server.review.filters import (
     decode_cursor,
     encode_cursor,
     parse_filter,
+)
+from fleet_server.review.images import (
+    IMAGE_PATH,
+    ImageRecord,
+    decision_image,
+    etag,
+    image_sizes,
+    image_url,
 )
 from fleet_server.review.labels import (
     GROUP_KEYS,
@@ -52,6 +63,7 @@ __all__ = [
     "DEFAULT_LIMIT",
     "FILTER_PARAMS",
     "GROUP_KEYS",
+    "IMAGE_PATH",
     "MAX_EXPORT_ROWS",
     "MAX_LABELS",
     "MAX_LIMIT",
@@ -63,7 +75,9 @@ __all__ = [
     "DecisionDetail",
     "DecisionFilter",
     "DecisionSummary",
+    "ImageRecord",
     "Label",
+    "NoImage",
     "Page",
     "Review",
     "ReviewError",
@@ -71,10 +85,14 @@ __all__ = [
     "Verdict",
     "accuracy",
     "check_export_size",
+    "decision_image",
     "decode_cursor",
     "encode_cursor",
+    "etag",
     "export_csv",
     "get_decision",
+    "image_sizes",
+    "image_url",
     "labels_since",
     "line_of",
     "list_decisions",

@@ -1,7 +1,7 @@
 """The errors of decision review: all under :class:`ReviewError`, itself a
 :class:`fleet_server.errors.FleetError`. The HTTP layer (:mod:`fleet_server.api.decisions`)
-answers :class:`BadQuery` and :class:`BadReview` with 400, :class:`UnknownDecision` with
-404."""
+answers :class:`BadQuery` and :class:`BadReview` with 400, :class:`UnknownDecision` and
+:class:`NoImage` with 404."""
 
 from __future__ import annotations
 
@@ -44,6 +44,19 @@ class UnknownDecision(ReviewError):
     def __init__(self, decision_id: str) -> None:
         self.decision_id = decision_id
         super().__init__(f"decision {decision_id!r}", "no such decision")
+
+
+class NoImage(ReviewError):
+    """The decision is stored but no image of it is: its device kept no thumbnail
+    (``[decision_log] thumbnails``), did not upload it, or it has not arrived yet.
+
+    Attributes:
+        decision_id: the id asked for.
+    """
+
+    def __init__(self, decision_id: str) -> None:
+        self.decision_id = decision_id
+        super().__init__(f"decision {decision_id!r}", "no image uploaded")
 
 
 class BadReview(ReviewError):

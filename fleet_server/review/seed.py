@@ -7,7 +7,14 @@ common and rare values alike: devices on :data:`SITES` sites and :data:`LINES` l
 (labels), two cameras each; one device in five writes rows without a line (the label
 counts); outcomes ``pass`` 90 %, ``reject`` 8 %, ``review`` 2 %; three model versions
 over time; one decision in a hundred reviewed; and runs of decisions sharing a
-timestamp, so that keyset pages meet ties.
+timestamp, so that keyset pages meet ties. Half the devices run a classifier (top-k
+scores), half a detector (1-3 boxes in a 640 x 480 frame, ``outputs["frame"]`` says so).
+
+Images: the newest ``images`` decisions (every outcome, as a device configured with
+``[decision_log] thumbnails = "all"``) get the JPEG thumbnail a device would upload
+(:mod:`fleet_server.review.seed_images`, 320 x 240, a few KB), stored in
+``decision_images`` under the decision's own device; older ones have none, as after a
+device's thumbnail retention.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from agent.wire.jpeg import jpeg_size
+from fleet_server.db.store import ImageRecord, insert_images
 from fleet_server.db.tables import decision_review_log, decision_reviews, decisions, devices
 from fleet_server.review.errors import ReviewError
+from fleet_server.review.seed_images import thumbnail
 
 SITES = 5
 LINES = 50
@@ -35,6 +45,8 @@ VERSIONS = ("1.0.0", "1.1.0", "1.2.0")
 REVIEWED_EVERY = 100
 TIE_EVERY = 50
 """Every this many decisions, a run of a few shares one timestamp."""
+FRAME = (640, 480)
+"""The cameras' frame size (width, height): the detector's boxes lie in it."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,7 @@ class Seeded:
     reviews: int
     seconds: float
     end: float
+    images: int = 0
 
 
 def device_id(i: int) -> str:
@@ -67,25 +80,32 @@ def uuid7(ts: float, rng: random.Random) -> str:
 
 
 def _outputs(rng: random.Random, kind: int, score: float) -> dict[str, Any]:
+    frame = {"width": FRAME[0], "height": FRAME[1]}
     if kind == 0:
         return {
             "top_k": [
                 {"label": "ok", "score": round(score, 4)},
                 {"label": "scratch", "score": round(1 - score, 4)},
-            ]
+            ],
+            "frame": frame,
         }
-    boxes = [
-        {
-            "box": [float(rng.randrange(600)), float(rng.randrange(400)), 700.0, 460.0],
-            "score": round(score - 0.05 * j, 4),
-            "label": "dent",
-        }
-        for j in range(rng.randrange(1, 4))
-    ]
-    return {"count": len(boxes), "boxes": boxes}
+    boxes = []
+    for j in range(rng.randrange(1, 4)):
+        x1, y1 = rng.randrange(20, FRAME[0] - 140), rng.randrange(20, FRAME[1] - 110)
+        x2, y2 = x1 + rng.randrange(40, 120), y1 + rng.randrange(30, 90)
+        box = [float(x1), float(y1), float(x2), float(y2)]
+        boxes.append({"box": box, "score": round(score - 0.05 * j, 4), "label": "dent"})
+    return {"count": len(boxes), "boxes": boxes, "frame": frame}
 
 
-def _decision(rng: random.Random, n: int, total: int, devices_n: int, end: float) -> dict[str, Any]:
+def _thumbnail_path(decision_id: str, ts: float) -> str:
+    """Where the device's decision log keeps the thumbnail (its state dir's layout)."""
+    return f"thumbnails/{time.strftime('%Y-%m-%d', time.gmtime(ts))}/{decision_id}.jpg"
+
+
+def _decision(
+    rng: random.Random, n: int, total: int, devices_n: int, end: float, *, image: bool
+) -> dict[str, Any]:
     dev = rng.randrange(devices_n)
     ts = round(end - SPAN_S + SPAN_S * n / total, 3)
     if n % TIE_EVERY < 3:  # a run of three decisions share the run's first timestamp
@@ -115,7 +135,7 @@ def _decision(rng: random.Random, n: int, total: int, devices_n: int, end: float
         "thresholds": {"reject_below": 0.6, "review_below": 0.7},
         "latencies_ms": {"queue": 0.4, "inference": 11.2, "postprocess": 0.6, "e2e": 14.1},
         "e2e_ms": 14.1,
-        "thumbnail": None,
+        "thumbnail": _thumbnail_path(decision_id, ts) if image else None,
     }
     return {
         "id": decision_id,
@@ -129,11 +149,27 @@ def _decision(rng: random.Random, n: int, total: int, devices_n: int, end: float
     }
 
 
-def generate(total: int, devices_n: int, end: float, seed: int) -> Iterator[dict[str, Any]]:
-    """The ``total`` decisions, oldest first."""
+def generate(
+    total: int, devices_n: int, end: float, seed: int, *, images: int = 0
+) -> Iterator[dict[str, Any]]:
+    """The ``total`` decisions, oldest first; the newest ``images`` of them name a
+    thumbnail (``payload["thumbnail"]``)."""
     rng = random.Random(seed)  # noqa: S311 (bench data, not secrets)
     for n in range(total):
-        yield _decision(rng, n, total, devices_n, end)
+        yield _decision(rng, n, total, devices_n, end, image=n >= total - images)
+
+
+def image_of(row: dict[str, Any]) -> ImageRecord:
+    """The thumbnail of a generated decision: its boxes scratched into a part on a belt
+    (deterministic: seeded by the decision's id)."""
+    payload = row["payload"]
+    outputs = payload["outputs"]
+    boxes = [b["box"] for b in outputs.get("boxes", [])]
+    size = outputs.get("frame", {"width": FRAME[0], "height": FRAME[1]})
+    frame = (int(size["width"]), int(size["height"]))
+    data = thumbnail(boxes, frame, int(row["id"].replace("-", "")[-12:], 16))
+    w, h = jpeg_size(data)
+    return ImageRecord(row["id"], row["device_id"], row["ts"], "image/jpeg", w, h, data)
 
 
 def _review_rows(rows: list[dict[str, Any]], first_seq: int, at: float) -> list[dict[str, Any]]:
@@ -190,16 +226,19 @@ def seed(
     devices_n: int,
     *,
     seed_value: int = 1,
+    images: int = 0,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> Seeded:
     """Register ``devices_n`` devices and load ``total`` decisions (1 % reviewed) into an
-    empty, migrated database.
+    empty, migrated database, the newest ``images`` of them with a thumbnail.
 
     Raises:
         ReviewError: the arguments are out of range or the database holds decisions.
     """
-    if total < 1 or devices_n < 1:
-        raise ReviewError("seed", f"decisions={total} and devices={devices_n} must be >= 1")
+    if total < 1 or devices_n < 1 or images < 0:
+        raise ReviewError(
+            "seed", f"decisions={total} and devices={devices_n} must be >= 1, images={images} >= 0"
+        )
     with engine.connect() as conn:
         if conn.execute(sa.select(sa.func.count()).select_from(decisions)).scalar_one():
             raise ReviewError("seed", "the database holds decisions already: give an empty one")
@@ -220,32 +259,39 @@ def seed(
                 for i in range(devices_n)
             ],
         )
-    reviews = loaded = 0
+    reviews = loaded = pictured = 0
     batch: list[dict[str, Any]] = []
-    for row in generate(total, devices_n, end, seed_value):
+    for row in generate(total, devices_n, end, seed_value, images=images):
         batch.append(row)
         if len(batch) == BATCH:
-            reviews += _load(engine, batch, reviews, end)
-            loaded += len(batch)
+            r, i = _load(engine, batch, reviews, end)
+            reviews, pictured, loaded = reviews + r, pictured + i, loaded + len(batch)
             batch = []
             if loaded % (10 * BATCH) == 0:
                 progress(f"{loaded} decisions loaded ({time.perf_counter() - started:.0f} s)")
     if batch:
-        reviews += _load(engine, batch, reviews, end)
-    return Seeded(devices_n, total, reviews, time.perf_counter() - started, end)
+        r, i = _load(engine, batch, reviews, end)
+        reviews, pictured = reviews + r, pictured + i
+    return Seeded(devices_n, total, reviews, time.perf_counter() - started, end, pictured)
 
 
-def _load(engine: Engine, batch: list[dict[str, Any]], reviews_so_far: int, end: float) -> int:
+def _load(
+    engine: Engine, batch: list[dict[str, Any]], reviews_so_far: int, end: float
+) -> tuple[int, int]:
+    """Store a batch of decisions with their reviews and images; (reviews, images)."""
     reviewed = batch[::REVIEWED_EVERY]
     current = _review_rows(reviewed, reviews_so_far + 1, end)
     log_rows = [{k: v for k, v in r.items() if k in decision_review_log.c} for r in current]
+    pictures = [image_of(row) for row in batch if row["payload"]["thumbnail"]]
     with engine.begin() as conn:
         _insert(conn, batch)
         conn.execute(decision_review_log.insert(), log_rows)
         conn.execute(decision_reviews.insert(), current)
+        if pictures:
+            insert_images(conn, pictures, now=end)
         if conn.dialect.name == "postgresql":  # explicit seqs: move the serial past them
             conn.exec_driver_sql(
                 "SELECT setval(pg_get_serial_sequence('decision_review_log', 'seq'), "
                 "(SELECT max(seq) FROM decision_review_log))"
             )
-    return len(current)
+    return len(current), len(pictures)

@@ -1,6 +1,7 @@
 """The web console on the API's app: :func:`install_console` adds the pages under
 ``/ui/``, their static files, the redirect from ``/``, and the handler that shows a
-:class:`~fleet_server.web.pages.PageError` as a page."""
+:class:`~fleet_server.web.pages.PageError` as a page. :func:`install_review_pages` adds
+the decision review pages alone (the review bench's app)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.engine import Engine
 
-from fleet_server.web.pages import PREFIX, Console, PageError
+from fleet_server.web.pages import PREFIX, Console, PageError, Pages
 from fleet_server.web.routes_fleet import fleet_router
 from fleet_server.web.routes_login import login_router
 from fleet_server.web.routes_review import review_router
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 ASSET_MAX_AGE_S = 365 * 86400
 
 
-def _assets_router(console: Console) -> APIRouter:
+def _assets_router(pages: Pages) -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
     @router.get("/")
@@ -34,7 +36,7 @@ def _assets_router(console: Console) -> APIRouter:
 
     @router.get(PREFIX + "/static/{name}")
     def static(request: Request, name: str) -> Response:
-        held = console.static.get(name)
+        held = pages.static.get(name)
         if held is None:
             return Response("no such file", status_code=404, media_type="text/plain")
         data, kind, etag = held
@@ -50,20 +52,34 @@ def _assets_router(console: Console) -> APIRouter:
     return router
 
 
+def _show_errors(app: FastAPI, pages: Pages) -> None:
+    async def on_page_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, PageError)  # noqa: S101 (registered for it)
+        return pages.error_page(request, exc)
+
+    app.add_exception_handler(PageError, on_page_error)
+
+
 def install_console(app: FastAPI, ctx: ServerContext) -> None:
     """Serve the console from ``app`` over ``ctx`` (see the module docstring)."""
     console = Console.build(ctx)
-
-    async def on_page_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, PageError)  # noqa: S101 (registered for it)
-        return console.error_page(request, exc)
-
-    app.add_exception_handler(PageError, on_page_error)
+    _show_errors(app, console)
     for router in (
         _assets_router(console),
         login_router(console),
         fleet_router(console),
         rollouts_router(console),
-        review_router(console),
+        review_router(console, ctx.engine),
     ):
         app.include_router(router)
+
+
+def install_review_pages(app: FastAPI, engine: Engine) -> None:
+    """Serve only the decision review pages (``/ui/decisions``) and the static files from
+    ``app`` over ``engine``, as :func:`install_console` serves them. The app must have the
+    sign-in gate installed (:func:`fleet_server.auth.deps.install`); the review bench
+    times the pages this way."""
+    pages = Pages()
+    _show_errors(app, pages)
+    app.include_router(_assets_router(pages))
+    app.include_router(review_router(pages, engine))

@@ -16,7 +16,6 @@ import hashlib
 import time
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,31 +133,23 @@ def _static_files() -> dict[str, tuple[bytes, str, str]]:
     return out
 
 
-@dataclass
-class Console:
-    """The console's shared parts: server context, templates, bundle catalog, assets."""
+class Pages:
+    """Templates and static files, and rendering with the security headers: what a page
+    needs besides its data (the review bench serves the review pages with this alone)."""
 
-    ctx: ServerContext
-    env: jinja2.Environment
-    catalog: Catalog
-    static: dict[str, tuple[bytes, str, str]]
-    review: bool = True
-    """Whether the decision review pages are served (linked from the menu)."""
-
-    @classmethod
-    def build(cls, ctx: ServerContext, *, review: bool = True) -> Console:
-        """Templates and assets loaded from the package."""
-        env = jinja2.Environment(
+    def __init__(self, *, review: bool = True) -> None:
+        self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        env.filters.update(when=_when, size=_size, duration=_duration, ago=ago)
-        console = cls(ctx, env, Catalog(ctx.repository), _static_files(), review)
-        env.globals.update(prefix=PREFIX, asset=console.asset)
-        return console
+        self.env.filters.update(when=_when, size=_size, duration=_duration, ago=ago)
+        self.env.globals.update(prefix=PREFIX, asset=self.asset)
+        self.static: dict[str, tuple[bytes, str, str]] = _static_files()
+        self.review = review
+        """Whether the decision review pages are served (linked from the menu)."""
 
     def asset(self, name: str) -> str:
         """The URL of a static file, with its content hash (cached for a year)."""
@@ -200,6 +191,21 @@ class Console:
             request, "error.html", {"status": exc.status, "reason": exc.reason}, user=exc.user,
             status=exc.status,
         )  # fmt: skip
+
+
+class Console(Pages):
+    """The console's shared parts: :class:`Pages`, the server context and the bundle
+    catalog."""
+
+    def __init__(self, ctx: ServerContext, *, review: bool = True) -> None:
+        super().__init__(review=review)
+        self.ctx = ctx
+        self.catalog = Catalog(ctx.repository)
+
+    @classmethod
+    def build(cls, ctx: ServerContext, *, review: bool = True) -> Console:
+        """Templates and assets loaded from the package."""
+        return cls(ctx, review=review)
 
 
 def _here(request: Request) -> str:

@@ -1,7 +1,13 @@
 """The decision review pages (``/ui/decisions``): the filtered list, a page at a time by
-keyset (the ``cursor`` of the previous page, never an offset), accuracy per line and
-model version from the reviews, a link to the CSV export of the same filters, and one
-decision in whole with its boxes, scores, latencies and the review form.
+keyset (the ``cursor`` of the previous page, never an offset), each row with a thumbnail
+of its image and boxes, accuracy per line and model version from the reviews, a link to
+the CSV export of the same filters, and one decision in whole with its image and boxes,
+scores, latencies and the review form.
+
+A decision's image is the thumbnail its device uploaded, served by the API
+(``/api/v1/decisions/{id}/image``, same session cookie) into an ``<img>`` under an SVG of
+the boxes (:mod:`fleet_server.web.frames`); a list page looks up its rows' images in one
+query, never one per row.
 
 The pages call :mod:`fleet_server.review`, as the JSON API does
 (docs/decision-review.md). Looking needs ``fleet:read``; the review form needs
@@ -17,6 +23,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from fleet_server.auth.deps import Principal
@@ -30,21 +37,22 @@ from fleet_server.review import (
     decode_cursor,
     encode_cursor,
     get_decision,
+    image_sizes,
+    image_url,
     list_decisions,
     parse_filter,
     save_review,
 )
 from fleet_server.review.filters import TEXT_FILTERS
 from fleet_server.web import queries
-from fleet_server.web.frames import boxes_of, frame_svg
-from fleet_server.web.pages import PREFIX, SECURITY_HEADERS, Console, PageError, posted, safe_next
+from fleet_server.web.frames import THUMB, Picture, boxes_of, draw, frame_of
+from fleet_server.web.pages import PREFIX, SECURITY_HEADERS, PageError, Pages, posted, safe_next
 from fleet_server.web.pages import signed_in as signed_in_
 
 RANGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 OUTCOMES = ("pass", "reject", "review")
 """Offered in the filter and the override (any other outcome can be typed)."""
 ACCURACY_GROUP = ["line", "model_version"]
-THUMB_W = 72
 
 
 def _params(request: Request) -> dict[str, str]:
@@ -79,10 +87,13 @@ def _export_url(f: DecisionFilter) -> str:
     return "/api/v1/decisions/export.csv?" + urllib.parse.urlencode(query)
 
 
-def review_router(console: Console) -> APIRouter:
-    """The decision list and decision pages, and the review form's post."""
+def _picture(decision_id: str, size: tuple[int, int] | None) -> Picture | None:
+    return None if size is None else Picture(image_url(decision_id), *size)
+
+
+def review_router(pages: Pages, engine: Engine) -> APIRouter:
+    """The decision list and decision pages over ``engine``, and the review form's post."""
     router = APIRouter(prefix=f"{PREFIX}/decisions", include_in_schema=False)
-    engine = console.ctx.engine
 
     @router.get("")
     def list_page(request: Request, cursor: str = "") -> HTMLResponse:
@@ -106,12 +117,21 @@ def review_router(console: Console) -> APIRouter:
                 params | {"cursor": encode_cursor(page.next_cursor)}
             )
         pairs = queries.sites_and_lines(engine)
-        outputs = queries.decision_outputs(engine, [r.id for r in page.rows])
+        ids = [r.id for r in page.rows]
+        outputs = queries.decision_outputs(engine, ids)
+        images = image_sizes(engine, ids)
+        thumbs = [
+            draw(
+                boxes_of(outputs.get(r.id)),
+                image=_picture(r.id, images.get(r.id)),
+                frame=frame_of(outputs.get(r.id)),
+                within=THUMB,
+                label="boxes",
+            )
+            for r in page.rows
+        ]
         values: dict[str, Any] = {
-            "rows": [
-                (r, frame_svg(boxes_of(outputs.get(r.id)), width=THUMB_W, label="boxes"))
-                for r in page.rows
-            ],
+            "rows": list(zip(page.rows, thumbs, strict=True)),
             "params": params,
             "first_url": "?" + urllib.parse.urlencode(params),
             "next_url": next_url,
@@ -125,7 +145,7 @@ def review_router(console: Console) -> APIRouter:
             "outcomes": OUTCOMES,
             "ranges": list(RANGES),
         }
-        return console.render(request, "decisions.html", values, user=user)
+        return pages.render(request, "decisions.html", values, user=user)
 
     def detail(
         request: Request, user: Principal, decision_id: str, *, error: str = "",
@@ -137,10 +157,16 @@ def review_router(console: Console) -> APIRouter:
             raise PageError(404, f"no decision {decision_id!r}", user=user) from None
         outputs = d.payload.get("outputs")
         boxes = boxes_of(outputs)
+        picture = _picture(decision_id, image_sizes(engine, [decision_id]).get(decision_id))
+        frame = frame_of(outputs)
+        drawing = draw(boxes, image=picture, frame=frame, label=f"decision {d.summary.id}",
+                       lazy=False)  # fmt: skip
         values = {
             "d": d,
             "s": d.summary,
-            "frame": frame_svg(boxes, label=f"decision {d.summary.id}"),
+            "frame": drawing,
+            "picture": picture,
+            "frame_size": frame,
             "boxes": boxes,
             "outputs": outputs if isinstance(outputs, dict) else {},
             "outcomes": sorted({*OUTCOMES, d.summary.outcome}),
@@ -149,7 +175,7 @@ def review_router(console: Console) -> APIRouter:
             "done": done,
             "back": safe_next(back) if back else f"{PREFIX}/decisions",
         }
-        return console.render(request, "decision.html", values, user=user, status=status)
+        return pages.render(request, "decision.html", values, user=user, status=status)
 
     @router.get("/{decision_id}")
     def show(request: Request, decision_id: str, done: str = "", back: str = "") -> HTMLResponse:

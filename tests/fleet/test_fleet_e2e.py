@@ -9,12 +9,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.wire.jpeg import jpeg_size
 from fleet_server.repository import KeyStore, Passphrases, Repository
 from tests.broker import free_port
 from tests.fleet.fleet_api_support import OPERATOR_TOKEN, PASSPHRASE, TOKEN_ENV, http
@@ -103,6 +106,7 @@ def _agent(tmp_path: Path, url: str, device: str, fallback: Path) -> subprocess.
         "[uplink]\nenabled = true\nheartbeat_interval_s = 0.5\nhealth_interval_s = 1.0\n"
         "[fleet]\nenabled = true\n"
         "installer = { health_window_s = 2.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"
+        '[decision_log]\nthumbnails = "all"\nthumbnail_max_side = 64\n'
         '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 15\n'
         f'[[pipelines]]\nname = "p"\nsource = "c1"\ninstalled = "cls"\nbundle = "{fallback}"\n'
     )
@@ -127,6 +131,36 @@ def _agent(tmp_path: Path, url: str, device: str, fallback: Path) -> subprocess.
         stderr=log,
         start_new_session=True,
     )
+
+
+def _the_fleet_shows_a_decision_with_its_thumbnail(url: str, device: str) -> None:
+    """A decision the agent made reached the fleet with the JPEG its log kept: the
+    synthetic 640 x 480 frame at 64 px, served by the review API."""
+    found: list[tuple[str, bytes, str]] = []
+
+    def one_with_image() -> bool:
+        page = http("GET", f"{url}/api/v1/decisions?device={device}&limit=5", token=OPERATOR_TOKEN)
+        assert page.status == 200, page.body
+        for row in page.body["rows"]:
+            req = urllib.request.Request(  # noqa: S310 - loopback
+                f"{url}/api/v1/decisions/{row['id']}/image",
+                headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310
+                    found.append((row["id"], resp.read(), resp.headers.get("Content-Type")))
+                    return True
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # 404: not arrived yet
+                    raise
+        return False
+
+    _wait(one_with_image, 60, f"a decision of {device} with its thumbnail at the fleet")
+    decision_id, jpeg, content_type = found[0]
+    assert content_type == "image/jpeg"
+    assert jpeg_size(jpeg) == (64, 48)
+    decision = http("GET", f"{url}/api/v1/decisions/{decision_id}", token=OPERATOR_TOKEN).body
+    assert decision["device_id"] == device
 
 
 def _device(url: str, device: str) -> dict[str, Any]:
@@ -170,6 +204,7 @@ def test_three_agents_roll_out_in_waves_and_a_bad_bundle_stops_at_its_first_wave
         gid = good.body["rollout_id"]
         _wait(lambda: _rollout(url, gid)["phase"] == "completed", 150, "rollout 1.1.0 done")
         assert [_release(url, d) for d in DEVICES] == [2, 2, 2]
+        _the_fleet_shows_a_decision_with_its_thumbnail(url, DEVICES[0])
 
         bad = http(
             "POST",

@@ -191,7 +191,8 @@ def test_detail_has_outputs_boxes_thresholds_latencies_and_says_there_is_no_imag
     assert (body["bundle_digest"], body["model_version"]) == ("sha256:1.0.0", "1.0.0")
     assert (body["top_score"], body["top_label"]) == (0.81, "dent")
     assert body["image"] is None
-    assert "no pixels" in body["image_note"]
+    assert body["image_note"].startswith("No image uploaded")
+    assert (body["image_width"], body["image_height"]) == (None, None)
     assert body["thumbnail_on_device"] == "/var/lib/edgefleet/thumbs/x.jpg"
     assert body["device_labels"] == {"site": "north", "line": "4"}
     assert body["review"] is None

@@ -136,10 +136,16 @@ def test_a_thumbnail_is_stored_once_and_shown_only_with_the_decision_of_its_devi
     )  # fmt: skip
     assert sink.store_thumbnails([ThumbnailUpload.of("dev-a", rows[0].id, TS, _jpeg(8, 8))]) == 0
     assert store.get_image(db, rows[0].id) == image  # the first one stays
-    # Another device's picture under dev-a's decision id is kept but never shown.
+    # Another device's picture under dev-a's decision id is kept but never shown, and it
+    # does not keep dev-a's own picture out.
     assert sink.store_thumbnails([ThumbnailUpload.of("dev-b", rows[1].id, TS, _jpeg(9, 9))]) == 1
     assert store.get_image(db, rows[1].id) is None
     assert store.image_sizes(db, [r.id for r in rows]) == {rows[0].id: (64, 48)}
+    own = ThumbnailUpload.of("dev-a", rows[1].id, TS, _jpeg(32, 24))
+    assert sink.store_thumbnails([own]) == 1
+    shown = store.get_image(db, rows[1].id)
+    assert shown is not None
+    assert (shown.device_id, shown.width, shown.data) == ("dev-a", 32, own.jpeg())
     assert store.image_sizes(db, []) == {}
 
 

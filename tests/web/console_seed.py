@@ -6,6 +6,10 @@ Device ``a1-01`` (plant-a, line 1) is the featured one: six hours of health repo
 once a minute with a 20-minute outage, install, crash and alarm events, two bundle
 slots and a few hundred decisions. ``a2-03`` runs hot (a problem), ``a3-02`` has little
 disk left (a warning), ``b1-04`` is offline.
+
+Every decision that is not a ``pass`` has the JPEG thumbnail its device would have
+uploaded (``[decision_log] thumbnails = "non-pass"``, the default): a 320 x 240 picture
+of the 640 x 480 frame with a scratch in each box (fleet_server.review.seed_images).
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
+from agent.wire.jpeg import jpeg_size
 from fleet_server.db import store
-from fleet_server.db.store import DecisionRecord, EventRecord, Record
+from fleet_server.db.store import DecisionRecord, EventRecord, ImageRecord, Record
+from fleet_server.review.seed_images import thumbnail
 
 LINES = {"plant-a": ("1", "2", "3"), "plant-b": ("1", "2")}
 PER_LINE = 5
@@ -30,6 +36,8 @@ ACTIVE_RELEASE = 2
 HISTORY_S = 6 * 3600
 OUTAGE = (2.5 * 3600, 2.5 * 3600 + 1200)
 """Seconds before now with no health report from the featured device."""
+FRAME = (640, 480)
+"""The featured device's camera frame (width, height); the boxes lie in it."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ def decision_payload(
     device_id: str, ts: float, n: int, outcome: str, rng: random.Random
 ) -> dict[str, object]:
     """A decision row as the agent uploads it (agent.wire.messages.DecisionRow): a
-    detector's boxes, thresholds and per-stage latencies."""
+    detector's boxes in a :data:`FRAME`, thresholds and per-stage latencies."""
     score = 0.55 + rng.random() * 0.44
     boxes = [
         {"box": [40.0 + 150 * j + rng.random() * 40, 90.0 + rng.random() * 120,
@@ -84,7 +92,9 @@ def decision_payload(
         "source": "cam0", "line": "1", "model_name": BUNDLE, "model_version": "1.4.0",
         "bundle_digest": "sha256:" + "ab12" * 16, "backend": "onnxruntime",
         "config_hash": "3f1c0ffee0ddba11", "input_digest": f"{rng.getrandbits(64):016x}",
-        "outputs": {"count": len(boxes), "boxes": boxes}, "outcome": outcome,
+        "outputs": {"count": len(boxes), "boxes": boxes,
+                    "frame": {"width": FRAME[0], "height": FRAME[1]}},
+        "outcome": outcome,
         "thresholds": {"reject_above": 0.8, "review_above": 0.6},
         "latencies_ms": {"queue": 0.4, "inference": 11.8, "postprocess": 0.7, "e2e": 31.0},
         "e2e_ms": 31.0, "thumbnail": f"thumbs/{n:06d}.jpg",
@@ -144,12 +154,29 @@ def _featured(engine: Engine, now: float, rng: random.Random) -> None:
     ]  # fmt: skip
     store.insert_events(engine, events)
     decisions = []
+    images = []
     for n in range(720):
         ts = now - rng.random() * HISTORY_S
         roll = rng.random()
         outcome = "pass" if roll < 0.82 else "reject" if roll < 0.95 else "review"
         payload = decision_payload(d, ts, n, outcome, rng)
+        decision_id = str(payload["id"])
         decisions.append(
-            DecisionRecord(str(payload["id"]), d, ts, "cam0", outcome, BUNDLE, "1.4.0", payload)
+            DecisionRecord(decision_id, d, ts, "cam0", outcome, BUNDLE, "1.4.0", payload)
         )
+        if outcome != "pass":
+            images.append(image_record(decision_id, d, ts, payload, seed=n))
     store.insert_decisions(engine, decisions)
+    store.insert_images(engine, images)
+
+
+def image_record(
+    decision_id: str, device_id: str, ts: float, payload: dict[str, object], *, seed: int
+) -> ImageRecord:
+    """The thumbnail a device would upload of this decision: its boxes scratched into a
+    part on a belt."""
+    outputs = payload["outputs"]
+    assert isinstance(outputs, dict)
+    boxes = [b["box"] for b in outputs["boxes"]]
+    data = thumbnail(boxes, FRAME, seed)
+    return ImageRecord(decision_id, device_id, ts, "image/jpeg", *jpeg_size(data), data)

@@ -4,7 +4,8 @@ managed Mosquitto, ingest and rollout service) with seeded data, users of each r
 with ``fleetctl users add`` and four light agents that answer directives.
 
 Each page is saved as a screenshot under ``.cache/screenshots/console/`` (the test
-artifacts; a few are committed under docs/screenshots/).
+artifacts); the decision review's are also saved at 1200 x 760 under ``docs/`` there,
+the size of the few committed under docs/screenshots/.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.fleet.fleet_api_support import OPERATOR_TOKEN, http
 from tests.web.console_seed import FEATURED, HOT
@@ -33,6 +34,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 SHOTS = Path(__file__).resolve().parents[2] / ".cache" / "screenshots" / "console"
 VIEWPORT = {"width": 1280, "height": 860}
+DOCS_VIEWPORT = {"width": 1200, "height": 760}
 WAIT_MS = 30_000
 
 pytestmark = pytest.mark.timeout(180)
@@ -68,6 +70,28 @@ def page(browser: Browser) -> Iterator[Page]:
 
 def shot(page: Page, name: str, *, full: bool = True) -> None:
     page.screenshot(path=SHOTS / f"{name}.png", full_page=full)
+
+
+def docs_shot(page: Page, name: str) -> None:
+    """The page's top at :data:`DOCS_VIEWPORT`, as docs/screenshots/ holds them."""
+    (SHOTS / "docs").mkdir(exist_ok=True)
+    page.set_viewport_size(DOCS_VIEWPORT)  # type: ignore[arg-type]
+    try:
+        page.screenshot(path=SHOTS / "docs" / f"{name}.png")
+    finally:
+        page.set_viewport_size(VIEWPORT)  # type: ignore[arg-type]
+
+
+LOADED = "img => img.complete && img.naturalWidth > 0"
+"""True once an <img> has finished loading a picture (a broken one has naturalWidth 0)."""
+
+
+def wait_loaded(page: Page, img: Locator) -> int:
+    """Wait until ``img`` has loaded its picture; its natural width."""
+    handle = img.element_handle()
+    page.wait_for_function(LOADED, arg=handle, timeout=WAIT_MS)
+    width: int = img.evaluate("img => img.naturalWidth")
+    return width
 
 
 def sign_in(page: Page, fleet: RunningConsole, name: str, where: str = "/ui/") -> None:
@@ -230,9 +254,28 @@ def test_a_line_manager_filters_decisions_overrides_one_and_sees_it_in_the_expor
     rows = page.get_by_test_id("decision-row")
     expect(rows.first).to_be_visible()
     expect(rows.locator("span.badge.out-pass")).to_have_count(0)
+    thumbs = rows.locator("td.thumb .shot img")
+    expect(thumbs).to_have_count(rows.count())  # every reject kept and uploaded its image
+    assert wait_loaded(page, thumbs.first) == 320  # the device's thumbnail, shown small
+    assert thumbs.first.get_attribute("loading") == "lazy"
+    expect(rows.first.locator("svg.frame.over rect.box").first).to_be_visible()
+    for k in range(min(6, rows.count())):  # the rows a docs shot shows
+        wait_loaded(page, thumbs.nth(k))
     shot(page, "decisions")
+    docs_shot(page, "decision-list")
     rows.first.locator("a").first.click()
-    expect(page.locator("svg.frame")).to_have_attribute("aria-label", re.compile(r"\d box"))
+    frame = page.get_by_test_id("frame")
+    expect(frame.locator("svg.frame")).to_have_attribute("aria-label", re.compile(r"\d box"))
+    image = frame.locator("img")
+    assert wait_loaded(page, image) == 320
+    shown, over = image.bounding_box(), frame.locator("svg.frame.over").bounding_box()
+    assert shown is not None
+    assert over == shown  # the boxes lie exactly over the image
+    assert shown["width"] > 320  # scaled up to the card (640 wide at most)
+    assert shown["height"] == pytest.approx(shown["width"] * 3 / 4, abs=1)
+    x = "\N{MULTIPLICATION SIGN}"
+    expect(page.get_by_test_id("image-note")).to_contain_text(f"(320 {x} 240 px of 640 {x} 480)")
+    docs_shot(page, "decision-review")
     decision_id = page.url.split("/ui/decisions/")[1].split("?")[0]
     page.check("input[value=override]")
     page.select_option("select[name=outcome]", "pass")

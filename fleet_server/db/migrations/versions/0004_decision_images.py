@@ -28,7 +28,7 @@ def upgrade() -> None:
         sa.Column("size", sa.Integer, nullable=False),
         sa.Column("data", sa.LargeBinary, nullable=False),
         sa.Column("received_at", sa.Double, nullable=False),
-        sa.PrimaryKeyConstraint("decision_id", name="pk_decision_images"),
+        sa.PrimaryKeyConstraint("decision_id", "device_id", name="pk_decision_images"),
     )
     op.create_index("ix_decision_images_ts", "decision_images", ["ts"])
 
