@@ -39,7 +39,14 @@ from agent.uplink import decisions
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.config import UplinkConfig
 from agent.uplink.drain import Drain
-from agent.uplink.outbox import KIND_DECISIONS, KIND_EVENT, KIND_HEALTH, Entry, Outbox
+from agent.uplink.outbox import (
+    KIND_DECISIONS,
+    KIND_EVENT,
+    KIND_HEALTH,
+    KIND_THUMBNAIL,
+    Entry,
+    Outbox,
+)
 from agent.uplink.sysinfo import SysInfo
 from agent.wire import topics
 from agent.wire.messages import (
@@ -366,7 +373,8 @@ class Uplink:
 
     def _decisions_loop(self) -> None:
         """Batch decisions into the outbox while connected (offline, the decision log
-        holds them), keeping at most two windows of batches ahead of the sender."""
+        holds them), keeping at most two windows of batches (and of thumbnails) ahead of
+        the sender."""
         batcher = self._batcher
         if batcher is None:
             return
@@ -382,7 +390,12 @@ class Uplink:
             wait = interval
             if not self.connected:
                 continue
-            if self.outbox.pending(KIND_DECISIONS) >= ahead:
+            # Thumbnails count too: a backlog of rejects must not fill the outbox with
+            # images queued ahead of the sender (they would be dropped for room).
+            if (
+                max(self.outbox.pending(KIND_DECISIONS), self.outbox.pending(KIND_THUMBNAIL))
+                >= ahead
+            ):
                 wait = min(interval, 0.05)
                 continue
             try:
