@@ -175,6 +175,40 @@ def test_the_thumbnails_the_log_keeps_are_uploaded_before_their_decisions(
     dlog.close()
 
 
+def test_the_batcher_keeps_no_more_thumbnails_ahead_than_the_sender_can_take(
+    enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    identity = enrolled("dev-w")
+    fleet()
+    dlog = DecisionLog(tmp_path / "log", DecisionLogConfig(thumbnails="all"), device_id="dev-w")
+    dlog.open()
+    frame = np.full((32, 32, 3), 90, np.uint8)
+    for i in range(40):
+        dlog.append(make_record(i, time.time(), outcome="reject", thumbnail=frame))
+    assert dlog.flush()
+    # One record a second, one in flight: two windows ahead is two records.
+    slow = FAST.model_copy(
+        update={"drain_rate_per_s": 1.0, "drain_window": 1, "decisions_batch": 10}
+    )
+    uplink = Uplink("dev-w", identity, slow, state=dict, health=dict, decision_log=dlog)
+    uplinks.append(uplink)
+    uplink.start()
+    assert uplink.wait_connected(WAIT_S)
+    wait_until(lambda: uplink.stats().get("decision_batches", 0) >= 1)
+    most = 0
+    end = time.monotonic() + 2.0  # at one record a second, ~2 of the 11 leave meanwhile
+    while time.monotonic() < end:
+        most = max(most, uplink.stats()["outbox"]["pending_by_kind"]["thumbnail"])
+        time.sleep(0.05)
+    stats = uplink.stats()
+    # Without the wait a second batch and its ten thumbnails would be queued at once.
+    assert stats["decision_batches"] == 1
+    assert stats["thumbnails_queued"] == 10
+    assert most <= 10
+    dlog.close()
+
+
 def test_with_upload_thumbnails_off_only_the_decisions_go(
     enrolled: Callable[[str], Identity], fleet: Callable[..., Peer], uplinks: list[Uplink],
     tmp_path: Path,
