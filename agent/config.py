@@ -27,6 +27,7 @@ from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
 from agent.sensors.config import SensorConfig
 from agent.uplink.config import UplinkConfig
+from agent.wire.messages import MAX_THUMBNAIL_BYTES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -185,6 +186,16 @@ def _cross_check(cfg: AgentConfig, path: str) -> None:
             f"{budget:g} MiB is less than decision_log.budget_mb ({cfg.decision_log.budget_mb:g}) "
             f"+ uplink.outbox_max_mb ({cfg.uplink.outbox_max_mb:g}) = {shares:g} MiB",
         )
+    uploads = cfg.uplink.enabled and cfg.uplink.upload_thumbnails
+    if uploads and cfg.decision_log.thumbnails != "none":
+        biggest = cfg.decision_log.thumbnail_max_bytes
+        if biggest > MAX_THUMBNAIL_BYTES:
+            raise ConfigError(
+                path,
+                "decision_log.thumbnail_max_bytes",
+                f"{biggest} bytes is over the {MAX_THUMBNAIL_BYTES} a thumbnail upload carries; "
+                "lower it, or set uplink.upload_thumbnails = false",
+            )
     sources = {c.name for c in cfg.cameras} | {s.name for s in cfg.sensors}
     for i, p in enumerate(cfg.pipelines):
         if p.source not in sources:

@@ -147,6 +147,21 @@ def test_a_disk_budget_smaller_than_its_shares_is_refused_naming_them(tmp_path: 
     assert load_config(cfg).agent.disk_budget_mb == 612
 
 
+def test_thumbnails_larger_than_an_upload_carries_are_refused_unless_uploads_are_off(
+    tmp_path: Path,
+) -> None:
+    cfg = tmp_path / "agent.toml"
+    body = (
+        '[agent]\ndevice_id = "d"\nstate_dir = "s"\n'
+        "[decision_log]\nthumbnail_max_bytes = 300000\n[uplink]\nenabled = true\n"
+    )
+    cfg.write_text(body)
+    with pytest.raises(ConfigError, match=r"thumbnail_max_bytes: 300000 bytes is over the 262144"):
+        load_config(cfg)
+    cfg.write_text(body + "upload_thumbnails = false\n")
+    assert load_config(cfg).decision_log.thumbnail_max_bytes == 300000
+
+
 def test_unknown_key_is_refused_with_file_and_field(tmp_path: Path) -> None:
     cfg = _config(tmp_path, '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfsp = 5\n')
     r = _run("check-config", "--config", str(cfg))
