@@ -312,10 +312,6 @@ class ThumbnailUpload(Message):
         except binascii.Error as exc:
             raise ValueError(f"data: not base64: {exc}") from exc
 
-    def size(self) -> tuple[int, int]:
-        """The JPEG's (width, height)."""
-        return jpeg_size(self.jpeg())
-
     def key(self) -> tuple[str, str]:
         """The record's identity: (device_id, decision_id)."""
         return (self.device_id, self.decision_id)

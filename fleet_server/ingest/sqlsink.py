@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from agent.wire.jpeg import jpeg_size
 from agent.wire.messages import (
     DecisionRow,
     Event,
@@ -135,13 +136,7 @@ class SqlSink:
         """Insert the decision thumbnails not stored yet; how many new."""
         if not rows:
             return 0
-        records = [
-            ImageRecord(
-                r.decision_id, r.device_id, r.decision_time, r.content_type, *r.size(), r.jpeg()
-            )
-            for r in rows
-        ]
-        return store.insert_images(self.engine, records)
+        return store.insert_images(self.engine, [_image_record(r) for r in rows])
 
     def store_events(self, rows: Sequence[Event]) -> int:
         """Insert the events not stored yet; how many new. The stored payload is the
@@ -191,6 +186,15 @@ class SqlSink:
     def quarantine(self, topic: str, reason: str, payload: bytes) -> None:
         """Set the payload aside in the database's quarantine table."""
         store.quarantine(self.engine, topic, reason, payload)
+
+
+def _image_record(upload: ThumbnailUpload) -> ImageRecord:
+    data = upload.jpeg()  # decoded once: the message checked it is a JPEG with a size
+    width, height = jpeg_size(data)
+    return ImageRecord(
+        upload.decision_id, upload.device_id, upload.decision_time, upload.content_type,
+        width, height, data,
+    )  # fmt: skip
 
 
 def _event_record(event: Event) -> EventRecord:

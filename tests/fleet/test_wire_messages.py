@@ -324,7 +324,11 @@ def test_a_thumbnail_round_trips_and_a_non_jpeg_or_oversized_one_is_refused() ->
     picture = _jpeg(64, 48)
     thumb = ThumbnailUpload.of("dev-1", "0197-a", 1_750_000_000.0, picture)
     back = parse(ThumbnailUpload, encode(thumb))
-    assert (back.jpeg(), back.size(), back.key()) == (picture, (64, 48), ("dev-1", "0197-a"))
+    assert (back.jpeg(), jpeg_size(back.jpeg()), back.key()) == (
+        picture,
+        (64, 48),
+        ("dev-1", "0197-a"),
+    )
     with pytest.raises(MessageError, match="no FF D8 start-of-image marker"):
         ThumbnailUpload.of("dev-1", "0197-a", 1_750_000_000.0, b"GIF89a" + b"\0" * 10)
     big = picture[:-2] + b"\0" * (MAX_THUMBNAIL_BYTES - len(picture) + 8) + picture[-2:]
