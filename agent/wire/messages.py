@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from agent.errors import AgentError
-from agent.wire import compress, topics
+from agent.wire import compress, topics, untrusted
 from agent.wire.base import WireModel, slug
 from agent.wire.jpeg import JpegError, jpeg_size
 
@@ -368,22 +368,13 @@ def error_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def parse_object(
     kind: str, payload: bytes | bytearray | memoryview, max_bytes: int = MAX_PAYLOAD_BYTES
 ) -> dict[str, Any]:
-    """A payload as a JSON object (no NaN or infinities), size checked first; a gzip
-    payload (:mod:`agent.wire.compress`) is inflated first, to at most ``max_bytes``.
+    """A payload as a JSON object, size checked first; a gzip payload
+    (:mod:`agent.wire.compress`) is inflated first, to at most ``max_bytes``. Parsed by
+    :func:`agent.wire.untrusted.loads`: bounded depth, 64-bit integers, finite numbers,
+    strings a database can store.
 
     Raises:
         PayloadTooLarge: over ``max_bytes``, sent or inflated.
@@ -398,9 +389,11 @@ def parse_object(
         except compress.CompressedPayloadError as exc:
             raise MessageError(kind, exc.reason) from exc
     try:
-        raw = json.loads(bytes(payload), parse_float=_finite_float, parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        raise MessageError(kind, f"not JSON: {exc}") from exc
+        raw = untrusted.loads(payload, what=f"{kind} message", max_bytes=max_bytes)
+    except untrusted.PayloadTooLarge as exc:
+        raise PayloadTooLarge(kind, exc.size, max_bytes) from None
+    except untrusted.UntrustedInputError as exc:
+        raise MessageError(kind, exc.reason) from None
     if not isinstance(raw, dict):
         raise MessageError(kind, f"a JSON {type(raw).__name__}, not an object")
     return raw

@@ -25,7 +25,7 @@ from fleet_server.api.decisions import decisions_router
 from fleet_server.api.devices import devices_router
 from fleet_server.api.enroll import enroll_router
 from fleet_server.api.login import login_router
-from fleet_server.api.models import HealthOut, error_responses
+from fleet_server.api.models import HealthOut, ServiceHealthOut, error_responses
 from fleet_server.api.ports import ActionRefused
 from fleet_server.api.rollouts import rollouts_router
 from fleet_server.auth import (
@@ -132,7 +132,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
         responses={503: {"model": HealthOut, "description": "A part is down"}},
     )
     def healthz(response: Response) -> HealthOut:
-        """Whether the database answers and the managed broker runs (503 if not)."""
+        """Whether the database answers, the managed broker runs and every service's probe
+        says it works (503 if not)."""
         try:
             with ctx.engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
@@ -141,7 +142,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
             log.warning("health check: database: %s", exc)
             database = False
         broker = ctx.managed_broker is None or ctx.managed_broker.running
-        ok = database and broker
+        services = {
+            name: ServiceHealthOut(ok=part.ok, detail=part.detail)
+            for name, part in ctx.health.check().items()
+        }
+        ok = database and broker and all(s.ok for s in services.values())
         if not ok:
             response.status_code = 503
         return HealthOut(
@@ -149,6 +154,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             database=database,
             broker=broker,
             rollouts=ctx.rollouts is not None,
+            services=services,
         )
 
     app.include_router(enroll_router(ctx))

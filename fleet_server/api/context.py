@@ -15,6 +15,7 @@ from fleet_server.api.ports import RolloutOps
 from fleet_server.broker import ManagedBroker
 from fleet_server.ca import FleetCA
 from fleet_server.config import FleetServerConfig
+from fleet_server.health import HealthRegistry
 from fleet_server.repository import KeyStore, Repository
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class ServerContext:
     managed_broker: ManagedBroker | None = None
     rollouts: RolloutOps | None = None
     operator_token: str | None = None
+    health: HealthRegistry = field(default_factory=HealthRegistry)
     _broker_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reload_broker(self) -> bool:

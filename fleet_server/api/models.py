@@ -31,6 +31,13 @@ class ErrorOut(ApiModel):
     detail: str = Field(description="What is wrong, in one line.")
 
 
+class ServiceHealthOut(ApiModel):
+    """What one running service says of itself."""
+
+    ok: bool = Field(description="The service does its job.")
+    detail: dict[str, Any] = Field(default_factory=dict, description="Figures that say why.")
+
+
 class HealthOut(ApiModel):
     """The server's own health."""
 
@@ -38,6 +45,10 @@ class HealthOut(ApiModel):
     database: bool = Field(description="The database answers.")
     broker: bool = Field(description="The managed broker runs (true for an external one).")
     rollouts: bool = Field(description="The rollout service is attached.")
+    services: dict[str, ServiceHealthOut] = Field(
+        default_factory=dict,
+        description="Each running service's own probe (ingest workers, file server ...).",
+    )
 
 
 class DeviceOut(ApiModel):
