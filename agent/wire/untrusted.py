@@ -164,7 +164,9 @@ def loads(
     try:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UntrustedInputError(what, f"not JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise UntrustedInputError(
+            what, f"not JSON: not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
     try:
         value = json.loads(
             text,
