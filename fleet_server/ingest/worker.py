@@ -11,8 +11,15 @@ same persistent session, or by MQTT 5 rules to another member of the group). The
 client's Receive Maximum bounds the unacknowledged messages, and so the queue between
 the network thread and the worker's own thread, which validates and stores.
 A payload that is oversized, not JSON, not a valid message, or whose device id differs
-from its topic's is quarantined in the sink and counted; nothing a device sends stops
-the worker.
+from its topic's is quarantined in the sink and counted; so is a record with a device
+time out of bounds (:mod:`fleet_server.ingest.clock`) and a record the sink can't store
+(:mod:`fleet_server.ingest.batch` isolates it); nothing a device sends stops the worker.
+Records the database could not take after bounded retries are left unacknowledged, and
+the rest of the batch is acknowledged.
+
+:meth:`IngestWorker.health` says whether the worker does its job (its thread alive,
+connected, no message waiting longer than ``max_lag_s``);
+:func:`fleet_server.ingest.health.register_health` puts it on ``/healthz``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 from agent.wire import topics
 from agent.wire.messages import MAX_PAYLOAD_BYTES, MessageError
 from fleet_server.errors import FleetError
+from fleet_server.health import PartHealth
 from fleet_server.ingest.batch import INGEST_TOPICS, RETRY_MAX_S, Batch
+from fleet_server.ingest.clock import ClockBounds
+from fleet_server.ingest.failures import RetryPolicy
 from fleet_server.ingest.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -47,6 +58,8 @@ IDLE_GAP_S = 0.005
 """A batch is flushed early when no message came for this long."""
 ENQUEUE_TIMEOUT_S = 5.0
 UNSUBSCRIBE_TIMEOUT_S = 2.0
+DEFAULT_MAX_LAG_S = 30.0
+DEFAULT_MAX_DISCONNECTED_S = 30.0
 
 
 class IngestError(FleetError):
@@ -70,6 +83,14 @@ class IngestStats:
     stored: int = 0
     duplicates: int = 0
     quarantined: int = 0
+    """Payloads set aside in the sink's quarantine (invalid, clock out of bounds,
+    not storable)."""
+    poison_isolated: int = 0
+    """Of ``quarantined``: records the sink refused, found by splitting their batch."""
+    transient_retries: int = 0
+    """Sink calls tried again after a transient failure (the database, not a record)."""
+    gave_up: int = 0
+    """Records left unacknowledged after the bounded retries (the broker resends them)."""
     states: int = 0
     batches: int = 0
     sink_errors: int = 0
@@ -82,6 +103,10 @@ class IngestStats:
     """Handled but not acknowledged (connection lost, or storing abandoned at stop)."""
     first_received: float = 0.0
     last_flushed: float = 0.0
+    last_lag_s: float = 0.0
+    """Receive to stored, of the oldest message of the last batch."""
+    max_lag_s: float = 0.0
+    """The largest ``last_lag_s`` seen."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,8 @@ class _Item:
     mid: int
     qos: int
     generation: int
+    received: float
+    """``time.monotonic()`` when it arrived."""
 
 
 def tls_context(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
@@ -124,6 +151,13 @@ class IngestWorker:
         flush_interval_s: longest wait for a batch to fill; a batch also goes when no
             message came for :data:`IDLE_GAP_S`.
         receive_maximum: most unacknowledged messages the broker may send (MQTT 5).
+        clock_bounds: how far device times may be from the server's clock (``None``:
+            not checked).
+        retry: how long a transient sink failure is retried before its records are
+            left unacknowledged.
+        max_lag_s: :meth:`health` fails when a message waits longer than this.
+        max_disconnected_s: :meth:`health` fails when not connected for longer.
+        clock: the server's clock, Unix seconds (for the device-time bounds).
     """
 
     def __init__(
@@ -145,6 +179,11 @@ class IngestWorker:
         receive_maximum: int = 1000,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         keepalive_s: int = 30,
+        clock_bounds: ClockBounds | None = ClockBounds(),  # noqa: B008 (frozen)
+        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 (frozen)
+        max_lag_s: float = DEFAULT_MAX_LAG_S,
+        max_disconnected_s: float = DEFAULT_MAX_DISCONNECTED_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if batch_size < 1 or not 1 <= receive_maximum <= 65535 or flush_interval_s < 0:
             raise IngestError(
@@ -157,6 +196,13 @@ class IngestWorker:
         self.flush_interval_s = flush_interval_s
         self.max_payload_bytes = max_payload_bytes
         self.keepalive_s = keepalive_s
+        self.clock_bounds = clock_bounds
+        self.retry = retry
+        self.max_lag_s = max_lag_s
+        self.max_disconnected_s = max_disconnected_s
+        self.clock = clock
+        self._storing_since: float | None = None
+        self._disconnected_since: float | None = time.monotonic()
         self.filters = [topics.device_filter(t) for t in INGEST_TOPICS]
         if group is not None:
             self.filters = [topics.shared(group, f) for f in self.filters]
@@ -211,6 +257,7 @@ class IngestWorker:
             return
         if self._stopping.is_set():
             raise IngestError("a stopped worker does not start again; make a new one")
+        self._disconnected_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="fleet-ingest", daemon=True)
         self._thread.start()
         self._client.connect_async(
@@ -263,7 +310,9 @@ class IngestWorker:
         if self._stopping.is_set():
             stats.not_queued += 1  # delivered again by the broker, to us or another worker
             return
-        item = _Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, self._generation)
+        item = _Item(
+            msg.topic, bytes(msg.payload), msg.mid, msg.qos, self._generation, time.monotonic()
+        )
         try:
             self._queue.put(item, timeout=ENQUEUE_TIMEOUT_S)
         except queue.Full:
@@ -293,6 +342,7 @@ class IngestWorker:
             log.error("ingest: subscription refused: %s", failed)
             return
         self._last_error = ""
+        self._disconnected_since = None
         self._ready.set()
 
     def _on_unsubscribe(
@@ -305,6 +355,8 @@ class IngestWorker:
     ) -> None:
         if self._ready.is_set() and not self._stopping.is_set():
             log.warning("ingest: lost broker %s:%d: %s", self.host, self.port, reason)
+        if self._disconnected_since is None:
+            self._disconnected_since = time.monotonic()
         self._ready.clear()
 
     # -- the worker thread ------------------------------------------------------------
@@ -337,21 +389,31 @@ class IngestWorker:
         return items
 
     def _flush(self, items: list[_Item]) -> None:
-        batch = Batch()
-        for item in items:
-            self._route(item, batch)
-        batch.store(self.sink, self._stats, self._abort)
-        self._stats.batches += 1
-        self._stats.last_flushed = time.monotonic()
+        batch = Batch(bounds=self.clock_bounds, clock=self.clock)
+        self._storing_since = min(i.received for i in items)
+        try:
+            for item in items:
+                self._route(item, batch)
+            batch.store(self.sink, self._stats, self._abort, self.retry)
+        finally:
+            oldest, self._storing_since = self._storing_since, None
+        stats = self._stats
+        stats.batches += 1
+        stats.last_flushed = time.monotonic()
+        stats.last_lag_s = stats.last_flushed - oldest
+        stats.max_lag_s = max(stats.max_lag_s, stats.last_lag_s)
         if batch.complete:
-            self._ack(items)
+            self._ack(items, batch.failed)
         else:
-            self._stats.unacked += len(items)
+            stats.unacked += len(items)
 
-    def _ack(self, items: list[_Item]) -> None:
+    def _ack(self, items: list[_Item], failed: set[int]) -> None:
         generation = self._generation
-        for item in items:
+        for index, item in enumerate(items):
             if item.qos == 0:
+                continue
+            if index in failed:
+                self._stats.unacked += 1  # the broker resends it (reconnect, restart)
                 continue
             if item.generation != generation:
                 self._stats.unacked += 1  # the broker resends it after the reconnect
@@ -359,6 +421,57 @@ class IngestWorker:
             rc = self._client.ack(item.mid, item.qos)
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 self._stats.unacked += 1
+
+    # -- health -----------------------------------------------------------------------
+
+    def oldest_wait_s(self) -> float:
+        """How long the oldest message received and not yet stored has waited (0: none)."""
+        now = time.monotonic()
+        oldest = self._storing_since
+        with self._queue.mutex:
+            if self._queue.queue:
+                head = self._queue.queue[0].received
+                oldest = head if oldest is None else min(oldest, head)
+        return 0.0 if oldest is None else max(0.0, now - oldest)
+
+    def health(self) -> PartHealth:
+        """Whether the worker does its job: its thread alive, connected (or not for
+        longer than ``max_disconnected_s``), and no message waiting to be stored for
+        longer than ``max_lag_s``; the detail gives the figures."""
+        thread = self._thread
+        alive = thread is not None and thread.is_alive()
+        since = self._disconnected_since
+        down_s = 0.0 if since is None else time.monotonic() - since
+        wait_s = self.oldest_wait_s()
+        s = self._stats
+        problems = []
+        if not alive:
+            problems.append("worker thread not running")
+        if not self.ready and down_s > self.max_disconnected_s:
+            problems.append(f"not connected for {down_s:.0f} s (max {self.max_disconnected_s:g})")
+        if wait_s > self.max_lag_s:
+            problems.append(f"a message waits {wait_s:.1f} s (max_lag_s {self.max_lag_s:g})")
+        detail: dict[str, Any] = {
+            "thread_alive": alive,
+            "connected": self.ready,
+            "disconnected_s": round(down_s, 3),
+            "queue": self._queue.qsize(),
+            "oldest_wait_s": round(wait_s, 3),
+            "last_lag_s": round(s.last_lag_s, 3),
+            "received": s.received,
+            "stored": s.stored,
+            "duplicates": s.duplicates,
+            "quarantined": s.quarantined,
+            "poison_isolated": s.poison_isolated,
+            "sink_errors": s.sink_errors,
+            "transient_retries": s.transient_retries,
+            "gave_up": s.gave_up,
+            "unacked": s.unacked,
+            "internal_errors": s.internal_errors,
+        }
+        if problems:
+            detail["problems"] = problems
+        return PartHealth(not problems, detail)
 
     def _route(self, item: _Item, batch: Batch) -> None:
         try:
