@@ -237,6 +237,32 @@ class IngestSection(Section):
 
     workers: int = Field(1, ge=0, le=64, description="Ingest workers in this process.")
     group: str = Field("ingest", description="Shared-subscription group ($share/<group>/...).")
+    max_lag_s: float = Field(
+        30.0,
+        gt=0,
+        description="Health fails when a received message waits longer than this to be stored.",
+    )
+    max_disconnected_s: float = Field(
+        30.0, gt=0, description="Health fails when a worker is off the broker longer than this."
+    )
+    max_clock_skew_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="A device time further ahead of the server's clock is quarantined.",
+    )
+    max_clock_age_s: float = Field(
+        5 * 365 * 86_400.0,
+        gt=0,
+        description="A device time further behind the server's clock is quarantined "
+        "(long: an offline device uploads its outbox late).",
+    )
+    transient_attempts: int = Field(
+        5,
+        ge=1,
+        le=100,
+        description="Sink calls tried on a transient database error before the records "
+        "are left unacknowledged for the broker to resend.",
+    )
 
     @field_validator("group")
     @classmethod

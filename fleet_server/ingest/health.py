@@ -1,10 +1,15 @@
-"""Ingest on ``/healthz``: one probe per worker, asking :meth:`IngestWorker.health`."""
+"""Ingest on ``/healthz``: one probe per worker, asking :meth:`IngestWorker.health`;
+and the worker options of the ``[ingest]`` section (:func:`worker_options`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from fleet_server.config import IngestSection
 from fleet_server.health import HealthRegistry, PartHealth
+from fleet_server.ingest.clock import ClockBounds
+from fleet_server.ingest.failures import RetryPolicy
 from fleet_server.ingest.worker import IngestWorker
 
 
@@ -30,3 +35,13 @@ def ingest_health(workers: Sequence[IngestWorker]) -> PartHealth:
     """One answer for several workers: ok when every one is, with each one's detail."""
     parts = [w.health() for w in workers]
     return PartHealth(all(p.ok for p in parts), {"workers": [p.detail for p in parts]})
+
+
+def worker_options(section: IngestSection) -> dict[str, Any]:
+    """The :class:`IngestWorker` keyword arguments the ``[ingest]`` section sets."""
+    return {
+        "clock_bounds": ClockBounds(section.max_clock_skew_s, section.max_clock_age_s),
+        "retry": RetryPolicy(attempts=section.transient_attempts),
+        "max_lag_s": section.max_lag_s,
+        "max_disconnected_s": section.max_disconnected_s,
+    }
