@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 
@@ -10,12 +9,20 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.errors import SensorError
+from agent.wire import untrusted
 
 Reading = npt.NDArray[np.float64]
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+"""A sensor payload (or replay line) larger than this is refused before it is parsed."""
 
 
 class BadReading(SensorError):
     """One payload or line is not a usable reading (it is skipped and counted)."""
+
+
+_NUMBER_RULES = ("is not a JSON number", "out of range", "out of the 64-bit range")
+"""Reasons of :mod:`agent.wire.untrusted` that mean JSON holding a number no reading takes."""
 
 
 def finite(value: object) -> float | None:
@@ -42,19 +49,29 @@ def parse_payload(payload: bytes | str, fields: Sequence[str], sensor: str) -> R
         BadReading: the payload is none of those, lacks a field, or has a non-finite or
             non-numeric value.
     """
+    size = len(payload) if isinstance(payload, bytes) else len(payload.encode("utf-8", "replace"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise BadReading(
+            sensor, f"payload of {size} bytes is over the limit of {MAX_PAYLOAD_BYTES}"
+        )
     try:
         text = payload.decode("utf-8") if isinstance(payload, bytes) else payload
     except UnicodeDecodeError as e:
-        raise BadReading(sensor, f"payload is not UTF-8: {e}") from e
+        raise BadReading(sensor, f"payload is not UTF-8: {e}") from None
     text = text.strip()
     if not text:
         raise BadReading(sensor, "empty payload")
     try:
-        doc: object = json.loads(text)
-    except ValueError:
-        doc = parse_number_text(text)
-        if doc is None:
-            raise BadReading(sensor, f"not a number or JSON: {text[:80]!r}") from None
+        doc: object = untrusted.loads(text, what="sensor payload", max_bytes=MAX_PAYLOAD_BYTES)
+    except untrusted.UntrustedInputError as e:
+        number = parse_number_text(text)
+        if number is not None:  # a bare number JSON would not take, such as ".5"
+            return _one(number, fields, sensor)
+        if any(rule in e.reason for rule in _NUMBER_RULES):
+            raise BadReading(
+                sensor, f"expected a number or a JSON object of finite numbers: {e.reason}"
+            ) from None
+        raise BadReading(sensor, f"not a number or JSON: {text[:80]!r} ({e.reason})") from None
     if isinstance(doc, dict):
         values = []
         for field in fields:
@@ -68,6 +85,10 @@ def parse_payload(payload: bytes | str, fields: Sequence[str], sensor: str) -> R
     number = finite(doc)
     if number is None:
         raise BadReading(sensor, f"expected a number or a JSON object, got {text[:80]!r}")
+    return _one(number, fields, sensor)
+
+
+def _one(number: float, fields: Sequence[str], sensor: str) -> Reading:
     if len(fields) != 1:
         raise BadReading(sensor, f"a bare number, but {len(fields)} fields are configured")
     return np.array([number], np.float64)

@@ -24,6 +24,7 @@ from paho.mqtt.properties import Properties
 from pydantic import Field, ValidationError, field_validator
 
 from agent.errors import AgentError
+from agent.wire import untrusted
 from agent.wire.base import WireModel
 
 MAX_CHUNK = 256 * 1024
@@ -120,30 +121,33 @@ def encode_request(request: FetchRequest) -> bytes:
 
 
 def decode_request(payload: bytes) -> FetchRequest:
-    """Parse a request payload.
+    """Parse a request payload (through :func:`agent.wire.untrusted.loads`).
 
     Raises:
-        FetchProtocolError: too large, not JSON, or a field missing or invalid.
+        FetchProtocolError: too large, not JSON (or too deep, a number out of range,
+            not storable Unicode), or a field missing or invalid.
     """
     if len(payload) > MAX_REQUEST_BYTES:
         raise FetchProtocolError(f"request of {len(payload)} bytes (limit {MAX_REQUEST_BYTES})")
     try:
-        raw: Any = json.loads(payload)
+        raw: Any = untrusted.loads_object(
+            payload, what="fetch request", max_bytes=MAX_REQUEST_BYTES
+        )
         return FetchRequest.model_validate(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FetchProtocolError(f"request is not JSON: {exc}") from exc
+    except untrusted.UntrustedInputError as exc:
+        raise FetchProtocolError(f"request is not JSON this protocol takes: {exc.reason}") from None
     except ValidationError as exc:
         fields = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}" for e in exc.errors()
         )
-        raise FetchProtocolError(f"invalid request: {fields}") from exc
+        raise FetchProtocolError(f"invalid request: {fields}") from None
 
 
 def request_id_of(payload: bytes) -> str | None:
     """The ``id`` of a request that failed to parse, when one can be read (to answer it)."""
     try:
-        raw = json.loads(payload[:MAX_REQUEST_BYTES])
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        raw = untrusted.loads(payload, what="fetch request", max_bytes=MAX_REQUEST_BYTES)
+    except untrusted.UntrustedInputError:
         return None
     value = raw.get("id") if isinstance(raw, dict) else None
     return value if isinstance(value, str) and _ID.match(value) else None
