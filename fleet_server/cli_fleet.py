@@ -16,11 +16,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from agent.secrets import read_secret
+from fleet_server import timefmt
 from fleet_server.errors import FleetError
 from fleet_server.rollout.spec import parse_duration, parse_selector
 
@@ -109,18 +109,22 @@ def client(args: argparse.Namespace) -> ApiClient:
     return ApiClient(server, read_secret(TOKEN_NAME))
 
 
-def _when(ts: float | None) -> str:
+def _when(ts: object) -> str:
+    """``2026-11-24T05:03:41Z (7m ago)``; ``invalid time (...)`` for a device time no
+    calendar holds (fleet_server.timefmt)."""
     if ts is None:
         return "never"
-    age = max(0.0, time.time() - ts)
+    value = timefmt.epoch(ts)
+    if value is None:
+        return timefmt.invalid(ts)
+    age = max(0.0, time.time() - value)
     for limit, unit, size in ((120, "s", 1), (7200, "m", 60), (172_800, "h", 3600)):
         if age < limit:
             ago = f"{age / size:.0f}{unit}"
             break
     else:
         ago = f"{age / 86_400:.0f}d"
-    stamp = datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"{stamp} ({ago} ago)"
+    return f"{timefmt.iso(ts)} ({ago} ago)"
 
 
 def _bundle(name: str | None, release: int | None) -> str:
@@ -163,7 +167,7 @@ def cmd_devices_enroll(args: argparse.Namespace) -> int:
         f"device   {t['device_id']}",
         f"labels   {_labels(t['labels'])}",
         f"profile  {t['profile'] or '-'}",
-        f"expires  {datetime.fromtimestamp(t['expires_at'], timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+        f"expires  {timefmt.iso(t['expires_at'])}",
         "shown once: the server keeps only its hash. On the device: edge-agent enroll",
     ]
     return _emit(args, t, lines)

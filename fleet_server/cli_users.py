@@ -16,12 +16,12 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from fleet_server import timefmt
 from fleet_server.auth import (
     ROLES,
     AuthError,
@@ -133,7 +133,7 @@ def cmd_users_disable(args: argparse.Namespace) -> int:
 
 
 def _stamp(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timefmt.iso(ts)
 
 
 def cmd_users_list(args: argparse.Namespace) -> int:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
-from datetime import datetime, timezone
 
 import sqlalchemy as sa
 
+from fleet_server import timefmt
 from fleet_server.db._tx import Bind, reading
 from fleet_server.review.errors import BadQuery
 from fleet_server.review.filters import MAX_LIMIT, Cursor, DecisionFilter
@@ -65,9 +65,12 @@ def _number(value: float | None) -> str:
 
 
 def _utc(ts: float | None) -> str:
+    """ISO 8601 in UTC; ``invalid time (...)`` for a device time no calendar holds, so
+    one absurd row never cuts the export short."""
     if ts is None:
         return ""
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+    when = timefmt.as_datetime(ts)
+    return timefmt.invalid(ts) if when is None else when.isoformat(timespec="milliseconds")
 
 
 def csv_row(row: DecisionSummary) -> list[str]:

@@ -16,16 +16,20 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from itertools import pairwise
 
 from markupsafe import Markup, escape
+
+from fleet_server import timefmt
 
 PALETTE = 8
 """Series colours ``c0``..``c7`` (the Okabe-Ito set, told apart with colour blindness)."""
 _CHAR_W = 6.6
 """Approximate width of one 11 px character, for laying out legends."""
 _TIME_STEPS = (60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+_MAX_SPAN_S = 400 * 365 * 86400.0
+"""A time axis longer than this gets no ticks (the range is not one of real times)."""
 
 
 @dataclass(frozen=True)
@@ -83,19 +87,29 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 
 def time_ticks(start: float, end: float, count: int = 6) -> list[float]:
-    """Round instants (whole minutes, hours or days in UTC) across [start, end]."""
+    """Round instants (whole minutes, hours or days in UTC) across [start, end]; none
+    when the range is not one of finite times (at most ``2 * count + 2`` ticks)."""
+    if not (math.isfinite(start) and math.isfinite(end)) or end - start > _MAX_SPAN_S:
+        return []
     span = max(end - start, 1.0)
     step = next(
         (s for s in _TIME_STEPS if span / s <= count), 86400 * math.ceil(span / 86400 / count)
     )
     first = math.ceil(start / step) * step
-    return [first + i * step for i in range(int((end - first) // step) + 1)]
+    n = min(int((end - first) // step) + 1, 2 * count + 2)
+    return [first + i * step for i in range(max(0, n))]
 
 
 def time_label(ts: float, span_s: float, tz: tzinfo | None = None) -> str:
-    """``14:30`` (or ``Tue 14:30`` over spans longer than a day), in ``tz`` (local time)."""
-    when = datetime.fromtimestamp(ts, tz) if tz is not None else datetime.fromtimestamp(ts)
-    return when.strftime("%a %H:%M" if span_s > 86400 else "%H:%M")
+    """``14:30`` (or ``Tue 14:30`` over spans longer than a day), in ``tz`` (local time);
+    ``invalid time (...)`` for an instant no calendar holds."""
+    return timefmt.stamp(ts, "%a %H:%M" if span_s > 86400 else "%H:%M", tz=tz)
+
+
+def _within(points: Sequence[tuple[float, float]], f: _Frame) -> list[tuple[float, float]]:
+    """The points inside the chart's time range with finite values (a device's clock
+    may put a sample anywhere)."""
+    return [(t, v) for t, v in points if f.x0 <= t <= f.x1 and math.isfinite(v)]
 
 
 def _svg_open(width: int, height: int, label: str, css: str = "chart") -> str:
@@ -201,6 +215,8 @@ def line_chart(
 ) -> Markup:
     """Values over time; the legend gives each series' last value. ``threshold`` draws
     a labelled dashed line (a budget, a limit)."""
+    frame = _Frame(0, 0, 1, 1, start, max(end, start + 1), 0, 1)
+    series = [Series(s.name, _within(s.points, frame), s.color, s.dashed) for s in series]
     values = [v for s in series for _, v in s.points]
     if threshold is not None:
         values.append(threshold[1])

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fleet_server import timefmt
+
 Level = Literal["ok", "warn", "bad", "unknown"]
 LEVELS: tuple[Level, ...] = ("bad", "warn", "unknown", "ok")
 """Worst first."""
@@ -57,15 +59,8 @@ def _numbers(value: Any) -> dict[str, float]:
 
 
 def ago(seconds: float) -> str:
-    """``42 s``, ``7 min``, ``3 h``, ``2 d``."""
-    s = max(0.0, seconds)
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 90 * 60:
-        return f"{s / 60:.0f} min"
-    if s < 36 * 3600:
-        return f"{s / 3600:.0f} h"
-    return f"{s / 86400:.0f} d"
+    """``42 s``, ``7 min``, ``3 h``, ``2 d`` (``?`` for a value that is not a number)."""
+    return timefmt.duration(seconds)
 
 
 def max_p99(health: Mapping[str, Any] | None) -> float | None:
@@ -114,6 +109,14 @@ def _findings(health: Mapping[str, Any], budget_ms: float | None) -> list[tuple[
     return out
 
 
+def _offline(last_seen: float | None, now: float) -> str:
+    if last_seen is None:
+        return "never seen"
+    if timefmt.as_datetime(last_seen) is None:
+        return f"offline, last seen at {timefmt.invalid(last_seen)}"
+    return f"offline for {timefmt.ago(last_seen, now)}"
+
+
 def glance(
     *,
     online: bool,
@@ -128,11 +131,12 @@ def glance(
     if revoked:
         return Glance("bad", "revoked")
     if not online:
-        since = "never seen" if last_seen is None else f"offline for {ago(now - last_seen)}"
-        return Glance("bad", since)
+        return Glance("bad", _offline(last_seen, now))
     findings: list[tuple[Level, str]] = []
-    if last_seen is not None and now - last_seen > SILENT_S:
-        findings.append(("warn", f"silent for {ago(now - last_seen)}"))
+    if last_seen is not None and timefmt.as_datetime(last_seen) is None:
+        findings.append(("warn", f"last seen at {timefmt.invalid(last_seen)}"))
+    elif last_seen is not None and now - last_seen > SILENT_S:
+        findings.append(("warn", f"silent for {timefmt.ago(last_seen, now)}"))
     if health:
         findings += _findings(health, budget_ms)
     elif not findings:

@@ -16,7 +16,6 @@ import hashlib
 import time
 import urllib.parse
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from fleet_server import timefmt
 from fleet_server.auth import csrf
 from fleet_server.auth.deps import COOKIE_NAME, Principal, clear_session_cookie, gate_of
 from fleet_server.auth.roles import Permission
@@ -96,7 +96,16 @@ def safe_next(value: str | None) -> str:
 
 
 def _when(ts: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
-    return "—" if ts is None else datetime.fromtimestamp(ts).strftime(fmt)
+    """A stored time in the server's local time (never raises: see fleet_server.timefmt)."""
+    return timefmt.stamp(ts, fmt, tz=None)
+
+
+def _since(ts: float | None, now: float) -> str:
+    """How long before ``now`` a stored time was (``7 min ago``), or why it can't say."""
+    if ts is None:
+        return "never"
+    text = timefmt.ago(ts, now)
+    return f"{text} ago" if text[:1].isdigit() else text
 
 
 def _size(n: int | None) -> str:
@@ -145,7 +154,7 @@ class Pages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(when=_when, size=_size, duration=_duration, ago=ago)
+        self.env.filters.update(when=_when, since=_since, size=_size, duration=_duration, ago=ago)
         self.env.globals.update(prefix=PREFIX, asset=self.asset)
         self.static: dict[str, tuple[bytes, str, str]] = _static_files()
         self.review = review

@@ -58,12 +58,18 @@ def bucket(
 
 
 class _Collector:
-    def __init__(self) -> None:
+    """Points by (chart, series) within [start, end]: a report dated outside the range
+    (a device clock far off) is left out rather than drawn at an edge."""
+
+    def __init__(self, start: float, end: float) -> None:
         self.points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        self.start = start
+        self.end = end
 
     def add(self, chart: str, name: str, ts: float, value: Any) -> None:
         v = _num(value)
-        if v is not None:
+        t = _num(ts)
+        if v is not None and t is not None and self.start <= t <= self.end:
             self.points.setdefault((chart, name), []).append((ts, v))
 
     def each(self, chart: str, ts: float, values: Any, suffix: str = "") -> None:
@@ -91,7 +97,7 @@ def health_charts(
     reports: Iterable[tuple[float, Mapping[str, Any]]], start: float, end: float
 ) -> list[ChartData]:
     """The device page's charts from its health reports (ts, payload), oldest first."""
-    c = _Collector()
+    c = _Collector(start, end)
     for ts, h in reports:
         c.each("fps", ts, h.get("fps"))
         latency = h.get("latency_ms")
