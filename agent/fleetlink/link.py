@@ -18,10 +18,11 @@ from agent.durable import write_durable
 from agent.errors import AgentError
 from agent.fleetlink.config import FleetConfig
 from agent.installer import Installer, InstallError
+from agent.readlimit import read_at_most
 from agent.update.client import Assignment, BundleClient
 from agent.update.errors import UpdateError
 from agent.update.timefloor import TimeFloor
-from agent.update.trust import ROOT_FILE, check_root
+from agent.update.trust import MAX_ROOT_BYTES, ROOT_FILE, check_root
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def provision_trust(cfg: FleetConfig, state_dir: Path) -> Path:
     if cfg.initial_root is None:
         raise AgentError(f"no trusted root in {tdir} and fleet.initial_root is not set")
     try:
-        data = cfg.initial_root.read_bytes()
+        data = read_at_most(cfg.initial_root, MAX_ROOT_BYTES, "fleet.initial_root")
     except OSError as e:
         raise AgentError(f"fleet.initial_root {cfg.initial_root}: {e.strerror or e}") from None
     check_root(data, str(cfg.initial_root))

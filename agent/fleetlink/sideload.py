@@ -14,6 +14,8 @@ from agent.config import AgentConfig
 from agent.errors import AgentError
 from agent.fleetlink.link import Report, apply_directive, make_client
 from agent.installer import Installer
+from agent.readlimit import read_at_most
+from agent.update.directive import MAX_DIRECTIVE_BYTES
 from agent.update.fetchers import LocalDirFetcher
 from runtime import PoolConfig
 from runtime.profiles import load_profile
@@ -39,9 +41,19 @@ def directive_file(medium: Path, device_id: str) -> Path:
 
 def sideload(medium: Path, cfg: AgentConfig) -> Report:
     """Verify and install the bundle the medium's directive assigns to this device; the
-    health window runs the bundle in the installer's own trial pool."""
+    health window runs the bundle in the installer's own trial pool.
+
+    Raises:
+        AgentError: not a side-load directory, no directive for this device, or a
+            directive that can't be read or is over ``MAX_DIRECTIVE_BYTES`` (refused after
+            reading one byte past the limit, never read whole).
+    """
     device_id = cfg.agent.device_id
-    directive = directive_file(medium, device_id).read_bytes()
+    path = directive_file(medium, device_id)
+    try:
+        directive = read_at_most(path, MAX_DIRECTIVE_BYTES, "directive")
+    except OSError as exc:
+        raise AgentError(f"{path}: cannot read the directive: {exc.strerror or exc}") from None
     profile = load_profile(cfg.agent.profile)
     installer = Installer(
         cfg.agent.state_dir,

@@ -24,6 +24,7 @@ from tuf.api.metadata import Metadata, Root, Targets  # type: ignore[attr-define
 from tuf.api.serialization import DeserializationError
 
 from agent.update.errors import DirectiveRefused
+from agent.wire import untrusted
 from agent.wire.manifest import MANIFEST_NAME
 
 DIRECTOR_ROLE = "director"
@@ -137,6 +138,10 @@ def verify_directive(
     """
     if len(data) > MAX_DIRECTIVE_BYTES:
         raise DirectiveRefused(f"directive of {len(data)} bytes (limit {MAX_DIRECTIVE_BYTES})")
+    try:  # depth, numbers and Unicode first: python-tuf's parser sees only checked JSON
+        untrusted.loads_object(data, what="directive", max_bytes=MAX_DIRECTIVE_BYTES)
+    except untrusted.UntrustedInputError as exc:
+        raise DirectiveRefused(f"not a TUF targets document: {exc.reason}") from None
     try:
         md = Metadata[Targets].from_bytes(data)
     except DeserializationError as exc:

@@ -24,8 +24,11 @@ from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
 from tuf.api.metadata import Metadata, Root  # type: ignore[attr-defined, unused-ignore]
 
 from agent.durable import fsync_dir, write_durable
+from agent.readlimit import read_at_most
 from agent.update.directive import duplicate_keys
 from agent.update.errors import TrustRootError
+from agent.wire import untrusted
+from agent.wire.untrusted import PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +36,23 @@ ROOT_FILE = "root.json"
 ROOT_HISTORY = "root_history"
 COUNTER_FILE = "directive-counter.json"
 _HISTORY_NAME = re.compile(r"^([1-9][0-9]{0,9})\.root\.json$")
-_MAX_ROOT = 512_000
+MAX_ROOT_BYTES = 512_000
+"""A root metadata file larger than this is refused after reading one byte past it."""
+_MAX_COUNTER_BYTES = 4096
 
 
 def check_root(data: bytes, source: str) -> Metadata[Root]:
     """Parse ``data`` as root metadata signed by a threshold of its own distinct keys.
 
     Raises:
-        TrustRootError: not root metadata, not signed by itself, or a role listing one
-            key under two keyids.
+        TrustRootError: over ``MAX_ROOT_BYTES``, not root metadata (or JSON that is too
+            deep, holds a number out of range or text that is not Unicode), not signed by
+            itself, or a role listing one key under two keyids.
     """
+    try:
+        untrusted.loads_object(data, what=source, max_bytes=MAX_ROOT_BYTES)
+    except untrusted.UntrustedInputError as exc:
+        raise TrustRootError(f"not valid root metadata: {exc}") from None
     try:
         md = Metadata[Root].from_bytes(data)
         if not isinstance(md.signed, Root):
@@ -59,8 +69,16 @@ def check_root(data: bytes, source: str) -> Metadata[Root]:
 
 
 def _read_root(path: Path) -> bytes:
-    with path.open("rb") as f:
-        return f.read(_MAX_ROOT + 1)
+    """At most ``MAX_ROOT_BYTES`` of ``path``.
+
+    Raises:
+        TrustRootError: the file is larger.
+        OSError: it can't be read.
+    """
+    try:
+        return read_at_most(path, MAX_ROOT_BYTES, "root metadata")
+    except PayloadTooLarge as exc:
+        raise TrustRootError(str(exc)) from None
 
 
 def trusted_root(trust_dir: Path) -> Metadata[Root]:
@@ -146,11 +164,12 @@ class AppliedCounter:
         the installed release still refuse an old directive.
         """
         try:
-            raw = json.loads(self.path.read_bytes()[:4096])
+            data = read_at_most(self.path, _MAX_COUNTER_BYTES, "directive counter")
+            raw = untrusted.loads_object(data, what=str(self.path), max_bytes=_MAX_COUNTER_BYTES)
             counter, digest = raw["counter"], raw.get("digest", "")
         except FileNotFoundError:
             return Applied()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, untrusted.UntrustedInputError, KeyError) as exc:
             return self._unreadable(str(exc))
         if type(counter) is not int or counter < 0 or not isinstance(digest, str):
             return self._unreadable(f"counter {counter!r}, digest {digest!r}")

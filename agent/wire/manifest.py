@@ -24,6 +24,7 @@ from pydantic import (
 
 from agent.durable import write_durable
 from agent.errors import BundleError
+from agent.wire import untrusted
 from agent.wire.base import ProfileName, WireModel, slug
 from agent.wire.postprocess import (
     POSTPROCESS_KINDS,
@@ -302,21 +303,33 @@ def _error_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_manifest(data: bytes, source: str) -> BundleManifest:
-    """Parse manifest bytes; ``source`` names them in errors.
+def manifest_object(data: bytes, source: str) -> dict[str, Any]:
+    """The JSON object of manifest bytes, through :func:`agent.wire.untrusted.loads`
+    (size first, then depth, numbers and Unicode); ``source`` names them in errors.
 
     Raises:
-        BundleError: too large, not JSON, or not a valid manifest (naming the field).
+        BundleError: over ``MAX_MANIFEST_BYTES``, not JSON, JSON this code refuses (too
+            deep, a number out of range, text that is not Unicode), or not an object.
     """
     if len(data) > MAX_MANIFEST_BYTES:
         raise BundleError(source, f"manifest is {len(data)} bytes (limit {MAX_MANIFEST_BYTES})")
     try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(source, f"not valid JSON: {exc}") from exc
+        raw = untrusted.loads(data, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+    except untrusted.UntrustedInputError as exc:
+        raise BundleError(source, f"not valid JSON: {exc.reason}") from None
     if not isinstance(raw, dict):
         raise BundleError(source, f"the manifest is a JSON {type(raw).__name__}, not an object")
-    return validate_manifest(raw, source)
+    return raw
+
+
+def parse_manifest(data: bytes, source: str) -> BundleManifest:
+    """Parse manifest bytes; ``source`` names them in errors.
+
+    Raises:
+        BundleError: too large, not JSON (see :func:`manifest_object`), or not a valid
+            manifest (naming the field).
+    """
+    return validate_manifest(manifest_object(data, source), source)
 
 
 def validate_manifest(raw: dict[str, Any], source: str) -> BundleManifest:
@@ -332,7 +345,8 @@ def validate_manifest(raw: dict[str, Any], source: str) -> BundleManifest:
 
 
 def read_manifest_bytes(bundle_dir: Path) -> bytes:
-    """The raw bytes of ``<bundle_dir>/manifest.json``, at most MAX_MANIFEST_BYTES + 1.
+    """The raw bytes of ``<bundle_dir>/manifest.json``, at most MAX_MANIFEST_BYTES + 1
+    (never more is read; :func:`manifest_object` refuses the one byte over).
 
     Raises:
         BundleError: the file is missing or unreadable.
@@ -405,6 +419,7 @@ __all__ = [
     "dump_manifest",
     "load_manifest",
     "manifest_bytes",
+    "manifest_object",
     "parse_manifest",
     "read_manifest_bytes",
     "validate_manifest",

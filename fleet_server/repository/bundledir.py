@@ -7,7 +7,6 @@ what an operator sees in the directory is what gets signed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from agent.wire.manifest import (
     MANIFEST_NAME,
     BundleManifest,
     dump_manifest,
+    manifest_object,
     read_manifest_bytes,
     validate_manifest,
 )
@@ -87,11 +87,8 @@ def build_bundle(
     """
     root = Path(bundle_dir)
     source = str(root / MANIFEST_NAME)
-    try:
-        raw: Any = json.loads(read_manifest_bytes(root))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(source, f"not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("models"), dict):
+    raw: Any = manifest_object(read_manifest_bytes(root), source)
+    if not isinstance(raw.get("models"), dict):
         raise BundleError(source, "models: missing, or the manifest is not an object")
     for key, variant in raw["models"].items():
         if not isinstance(variant, dict) or not isinstance(variant.get("file"), str):
