@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,10 @@ class DecisionRowOut(ApiModel):
         description="Path of the decision's image (a JPEG thumbnail of the frame), null "
         "when its device uploaded none."
     )
+    path: str = Field(
+        description="Path of this decision in the API: its id and its device (two devices "
+        "may have used the same id; each path names one decision)."
+    )
 
 
 def row_out(row: DecisionSummary, has_image: bool = False) -> DecisionRowOut:
@@ -101,8 +106,15 @@ def row_out(row: DecisionSummary, has_image: bool = False) -> DecisionRowOut:
         reviewed=r is not None,
         reviewed_outcome=None if r is None else r.outcome,
         review=None if r is None else review_out(r),
-        image=image_url(row.id) if has_image else None,
+        image=image_url(row.id, row.device_id) if has_image else None,
+        path=decision_path(row.id, row.device_id),
     )
+
+
+def decision_path(decision_id: str, device_id: str) -> str:
+    """The API path of the decision ``decision_id`` of ``device_id``."""
+    query = urllib.parse.urlencode({"device": device_id})
+    return f"/api/v1/decisions/{urllib.parse.quote(decision_id, safe='')}?{query}"
 
 
 class DecisionPageOut(ApiModel):
@@ -116,13 +128,16 @@ class DecisionPageOut(ApiModel):
 
 
 def page_out(
-    page: Page, limit: int, images: Mapping[str, tuple[int, int]] | None = None
+    page: Page, limit: int, images: Mapping[tuple[str, str], tuple[int, int]] | None = None
 ) -> DecisionPageOut:
-    """The API form of a page; ``images`` holds the ids of its decisions with an image."""
+    """The API form of a page; ``images`` holds the (device id, decision id) of its
+    decisions with an image."""
     cursor = None if page.next_cursor is None else encode_cursor(page.next_cursor)
     have = images or {}
     return DecisionPageOut(
-        rows=[row_out(r, r.id in have) for r in page.rows], next_cursor=cursor, limit=limit
+        rows=[row_out(r, (r.device_id, r.id) in have) for r in page.rows],
+        next_cursor=cursor,
+        limit=limit,
     )
 
 

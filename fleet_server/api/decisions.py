@@ -7,6 +7,11 @@ its device uploaded) and ``GET /api/v1/decisions/accuracy`` need ``fleet:read``;
 cookie, the CSRF token); ``GET /api/v1/decisions/export.csv`` and
 ``GET /api/v1/labels`` need ``decisions:export``. A malformed or unknown query
 parameter is a 400 naming it.
+
+A decision is (device, id): two devices may have used the same id. The endpoints of
+one decision take ``?device=``; without it the id must name one decision, and an id
+several devices used is a 400 naming ``device`` and listing them (never another
+device's row). Each list row carries its ``path`` with the device.
 """
 
 from __future__ import annotations
@@ -52,13 +57,13 @@ from fleet_server.review import (
     etag,
     export_csv,
     get_decision,
-    image_sizes,
     labels_since,
     list_decisions,
     parse_filter,
     parse_group,
     save_review,
 )
+from fleet_server.review.images import image_sizes_by_device
 
 READ = [require("fleet:read")]
 MAX_PARAM = 1000
@@ -152,6 +157,13 @@ def accuracy_filter(
 
 
 Filter = Annotated[DecisionFilter, Depends(decision_filter)]
+Device = Annotated[
+    str | None,
+    Query(
+        max_length=MAX_PARAM,
+        description="The deciding device (needed when several devices used the id)",
+    ),
+]
 
 
 def _matches(if_none_match: str, tag: str) -> bool:
@@ -191,7 +203,8 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         with answering():
             after = None if cursor is None else decode_cursor(cursor)
             page = list_decisions(ctx.engine, f, after=after, limit=limit)
-        out = page_out(page, limit, image_sizes(ctx.engine, [r.id for r in page.rows]))
+        keys = [(r.device_id, r.id) for r in page.rows]
+        out = page_out(page, limit, image_sizes_by_device(ctx.engine, keys))
         took_ms = (time.perf_counter() - started) * 1000
         response.headers["Server-Timing"] = f"list;dur={took_ms:.1f}"
         return out
@@ -240,17 +253,22 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
             },
         )
 
-    @router.get("/decisions/{decision_id}", responses=NOT_FOUND, dependencies=READ)
-    def show(decision_id: str) -> DecisionDetailOut:
+    @router.get(
+        "/decisions/{decision_id}",
+        responses=NOT_FOUND,
+        dependencies=[*READ, Depends(known_params("device"))],
+    )
+    def show(decision_id: str, device: Device = None) -> DecisionDetailOut:
         """One decision in whole: outputs, boxes, thresholds, latencies, model and
         bundle, the device's labels, the current review and the review history."""
         with answering():
-            detail = get_decision(ctx.engine, decision_id)
-        return detail_out(detail, image_sizes(ctx.engine, [decision_id]).get(decision_id))
+            detail = get_decision(ctx.engine, decision_id, device)
+        key = (detail.summary.device_id, decision_id)
+        return detail_out(detail, image_sizes_by_device(ctx.engine, [key]).get(key))
 
     @router.get(
         "/decisions/{decision_id}/image",
-        dependencies=READ,
+        dependencies=[*READ, Depends(known_params("device"))],
         response_class=Response,
         responses={
             200: {"content": {"image/jpeg": {}}, "description": "The JPEG."},
@@ -260,6 +278,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
     )
     def image(
         decision_id: str,
+        device: Device = None,
         if_none_match: Annotated[str | None, Header(max_length=MAX_PARAM)] = None,
     ) -> Response:
         """The thumbnail the decision's device kept of its frame and uploaded (the whole
@@ -268,7 +287,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         of it (by its own device) is stored. It never changes: cached a day, with an
         ETag."""
         with answering():
-            record = decision_image(ctx.engine, decision_id)
+            record = decision_image(ctx.engine, decision_id, device)
         tag = etag(record.data)
         headers = {
             "ETag": tag,
@@ -280,11 +299,16 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
             return Response(status_code=304, headers=headers)
         return Response(record.data, media_type=record.content_type, headers=headers)
 
-    @router.post("/decisions/{decision_id}/review", responses=NOT_FOUND)
+    @router.post(
+        "/decisions/{decision_id}/review",
+        responses=NOT_FOUND,
+        dependencies=[Depends(known_params("device"))],
+    )
     def review(
         decision_id: str,
         body: ReviewIn,
         principal: Annotated[Principal, require("decisions:review")],
+        device: Device = None,
     ) -> ReviewOut:
         """Confirm or override the device's outcome, with a note; stored with the user
         and the time as the decision's ground-truth label (the history keeps every
@@ -293,6 +317,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
             saved = save_review(
                 ctx.engine,
                 decision_id,
+                device_id=device,
                 verdict=body.verdict,
                 outcome=body.outcome,
                 note=body.note,

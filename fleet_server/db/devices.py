@@ -1,4 +1,11 @@
-"""The device registry: one row per enrolled device, its labels, state and health."""
+"""The device registry: one row per enrolled device, its labels, state and health.
+
+``labels`` and ``profile`` are the fleet's: set at enrollment and by operators, and the
+only ones rollout selectors (:func:`list_devices`) and signed directives use. What a
+device reports of itself is kept in ``reported_labels`` and ``reported_profile``
+(:func:`set_reported`), shown beside, never used to select or sign. ``last_seen`` is
+the server's receive time of the newest sign of life, never a device's clock.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +42,10 @@ class Device:
     health: dict[str, Any] | None = None
     cert_serial: str | None = None
     revoked: bool = False
+    reported_profile: str | None = None
+    """The profile the device last reported (not used for anything but showing)."""
+    reported_labels: dict[str, str] | None = None
+    """The labels the device last reported (not used for anything but showing)."""
 
 
 def _check_labels(device_id: str, labels: Mapping[str, str]) -> dict[str, str]:
@@ -95,6 +106,22 @@ def upsert_device(
             conn.execute(stmt.on_conflict_do_update(index_elements=["device_id"], set_=changes))
         else:
             conn.execute(stmt.on_conflict_do_nothing(index_elements=["device_id"]))
+
+
+def set_reported(
+    bind: Bind, device_id: str, *, profile: str | None, labels: Mapping[str, Any] | None
+) -> None:
+    """Keep what the device reported of its profile and labels (a ``None`` keeps the
+    value held); the fleet's ``profile`` and ``labels`` are not touched."""
+    values: dict[str, Any] = {}
+    if profile is not None:
+        values["reported_profile"] = profile
+    if labels is not None:
+        values["reported_labels"] = dict(labels)
+    if not values:
+        return
+    with writing(bind) as conn:
+        conn.execute(devices.update().where(devices.c.device_id == device_id).values(values))
 
 
 def _device(row: sa.Row[Any]) -> Device:

@@ -57,15 +57,21 @@ _SAME_DEVICE = sa.and_(
 )
 
 
-def get_image(bind: Bind, decision_id: str) -> ImageRecord | None:
+def get_image(bind: Bind, decision_id: str, device_id: str | None = None) -> ImageRecord | None:
     """The image of a stored decision, by the device that made the decision; None if the
-    decision or its image is not stored."""
+    decision or its image is not stored. Without ``device_id`` (ids are per device),
+    the first device's by id when several devices used the id: callers that show an
+    image name the device."""
     c = decision_images.c
     query = (
         sa.select(c.decision_id, c.device_id, c.ts, c.content_type, c.width, c.height, c.data)
         .select_from(decision_images.join(decisions, _SAME_DEVICE))
         .where(c.decision_id == decision_id)
+        .order_by(c.device_id)
+        .limit(1)
     )
+    if device_id is not None:
+        query = query.where(c.device_id == device_id)
     with reading(bind) as conn:
         row = conn.execute(query).first()
     if row is None:
@@ -76,9 +82,30 @@ def get_image(bind: Bind, decision_id: str) -> ImageRecord | None:
     )  # fmt: skip
 
 
+def image_sizes_by_device(
+    bind: Bind, keys: Collection[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """(width, height) of the images of these stored decisions, by (device id,
+    decision id) (those without one left out)."""
+    if not keys:
+        return {}
+    c = decision_images.c
+    wanted = set(keys)
+    ids = sorted({decision_id for _, decision_id in wanted})
+    query = (
+        sa.select(c.device_id, c.decision_id, c.width, c.height)
+        .select_from(decision_images.join(decisions, _SAME_DEVICE))
+        .where(c.decision_id.in_(ids))
+    )
+    with reading(bind) as conn:
+        found = {(r.device_id, r.decision_id): (r.width, r.height) for r in conn.execute(query)}
+    return {k: v for k, v in found.items() if k in wanted}
+
+
 def image_sizes(bind: Bind, decision_ids: Collection[str]) -> dict[str, tuple[int, int]]:
     """(width, height) of the images of these stored decisions, by decision id (those
-    without one left out)."""
+    without one left out). Ids are per device: when several devices used an id, this
+    can't tell their images apart; :func:`image_sizes_by_device` can."""
     if not decision_ids:
         return {}
     c = decision_images.c

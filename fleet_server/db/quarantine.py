@@ -2,6 +2,9 @@
 
 Each row keeps the topic, the reason, the full size and at most ``cap`` bytes of the
 payload; only the newest ``keep`` rows are kept, so a misbehaving device can't fill the disk.
+The topic and the reason are stored with what a database can't hold as text (NUL, lone
+surrogates) escaped, so that a quarantine row can always be written; the payload is
+bytes and is kept as it came.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ class Quarantined:
     payload: bytes
 
 
+def storable(text: str) -> str:
+    """``text`` with NUL and lone surrogates escaped (``\\x00``, ``\\udc80``)."""
+    clean = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return clean.replace("\x00", "\\x00")
+
+
 def quarantine(
     bind: Bind,
     topic: str,
@@ -50,8 +59,8 @@ def quarantine(
         raise StorageError("quarantine", f"cap={cap} must be >= 0 and keep={keep} >= 1")
     row = {
         "received_at": time.time() if now is None else now,
-        "topic": topic,
-        "reason": reason,
+        "topic": storable(topic),
+        "reason": storable(reason),
         "size": len(payload),
         "payload": bytes(payload[:cap]),
     }

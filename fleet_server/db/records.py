@@ -4,7 +4,10 @@ Every record carries an id made on the device, and inserting is idempotent: a re
 already stored (broker redelivery, agent retry, two ingest workers) is skipped, and the
 insert functions return how many rows were new. Rows are sorted by key before they are
 written so that concurrent overlapping batches take row locks in the same order (no
-deadlock on PostgreSQL).
+deadlock on PostgreSQL). Every key is led by the device id: a decision is
+``(device_id, id)``, so a device can't take another device's ids. ``received_at`` is the
+server's time of storing a record (``None`` for rows from before migration 0005);
+``ts`` is the device's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Record:
     record_id: str
     ts: float
     payload: dict[str, Any]
+    received_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class DecisionRecord:
     model_name: str
     model_version: str
     payload: dict[str, Any]
+    received_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class EventRecord:
     ts: float
     kind: str
     payload: dict[str, Any]
+    received_at: float | None = None
 
 
 def insert_new(bind: Bind, table: sa.Table, rows: Iterable[dict[str, Any]]) -> int:
@@ -82,7 +88,13 @@ def insert_new(bind: Bind, table: sa.Table, rows: Iterable[dict[str, Any]]) -> i
 
 def _record_rows(rows: Iterable[Record]) -> Iterable[dict[str, Any]]:
     return (
-        {"device_id": r.device_id, "record_id": r.record_id, "ts": r.ts, "payload": r.payload}
+        {
+            "device_id": r.device_id,
+            "record_id": r.record_id,
+            "ts": r.ts,
+            "payload": r.payload,
+            "received_at": r.received_at,
+        }
         for r in rows
     )
 
@@ -112,6 +124,7 @@ def insert_decisions(bind: Bind, rows: Iterable[DecisionRecord]) -> int:
                 "model_name": r.model_name,
                 "model_version": r.model_version,
                 "payload": r.payload,
+                "received_at": r.received_at,
             }
             for r in rows
         ),
@@ -130,6 +143,7 @@ def insert_events(bind: Bind, rows: Iterable[EventRecord]) -> int:
                 "ts": r.ts,
                 "kind": r.kind,
                 "payload": r.payload,
+                "received_at": r.received_at,
             }
             for r in rows
         ),

@@ -16,10 +16,17 @@ from fleet_server.db.devices import (
     get_device,
     list_devices,
     mark_seen,
+    set_reported,
     touch_devices,
     upsert_device,
 )
-from fleet_server.db.images import ImageRecord, get_image, image_sizes, insert_images
+from fleet_server.db.images import (
+    ImageRecord,
+    get_image,
+    image_sizes,
+    image_sizes_by_device,
+    insert_images,
+)
 from fleet_server.db.quarantine import Quarantined, list_quarantine, quarantine
 from fleet_server.db.records import (
     DecisionRecord,
@@ -68,6 +75,7 @@ __all__ = [
     "get_image",
     "hash_token",
     "image_sizes",
+    "image_sizes_by_device",
     "insert_decisions",
     "insert_events",
     "insert_heartbeats",
@@ -85,6 +93,7 @@ __all__ = [
     "mark_seen",
     "quarantine",
     "save_rollout",
+    "set_reported",
     "set_rollout_device_status",
     "set_rollout_devices",
     "touch_devices",

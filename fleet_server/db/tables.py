@@ -1,11 +1,15 @@
 """The fleet database's tables (SQLAlchemy Core), the same on SQLite and PostgreSQL.
 
 Timestamps are Unix seconds (float). JSON columns are JSONB on PostgreSQL. Records
-uploaded by devices carry ids generated on the device, and their primary keys make a
-second copy of a record a no-op (see docs/fleet-storage.md). Users and their sign-in
-sessions (only a hash of each session id is kept) belong to :mod:`fleet_server.auth`.
-Changing a table here needs a new migration under ``migrations/versions``; a test
-compares the two.
+uploaded by devices carry ids generated on the device, and their primary keys (always
+led by ``device_id``: one device can't claim another's ids) make a second copy of a
+record a no-op (see docs/fleet-storage.md). Beside each device time (``ts``) a record
+keeps ``received_at``, the server's time of storing it (NULL for rows stored before
+migration 0005). A device's ``labels`` and ``profile`` are the fleet's (enrollment,
+operators); what the device reports of them is kept apart, in ``reported_*``. Users
+and their sign-in sessions (only a hash of each session id is kept) belong to
+:mod:`fleet_server.auth`. Changing a table here needs a new migration under
+``migrations/versions``; a test compares the two.
 """
 
 from __future__ import annotations
@@ -49,7 +53,12 @@ devices = sa.Table(
     sa.Column("health", json_type()),
     sa.Column("cert_serial", sa.Text),
     sa.Column("revoked", sa.Boolean, nullable=False),
+    sa.Column("reported_profile", sa.Text),
+    sa.Column("reported_labels", json_type()),
 )
+"""``labels`` and ``profile`` are set by enrollment and operators only, and are what
+rollout selectors and signed directives use; ``reported_profile`` and
+``reported_labels`` are what the device last said of itself (shown, never used)."""
 
 enrollment_tokens = sa.Table(
     "enrollment_tokens",
@@ -73,6 +82,7 @@ def _record_table(name: str) -> sa.Table:
         sa.Column("record_id", sa.Text, primary_key=True),
         sa.Column("ts", TS, nullable=False),
         sa.Column("payload", json_type(), nullable=False),
+        sa.Column("received_at", TS),
         sa.Index(None, "device_id", "ts"),
     )
 
@@ -83,16 +93,19 @@ telemetry = _record_table("telemetry")
 decisions = sa.Table(
     "decisions",
     metadata,
+    sa.Column("device_id", sa.Text, primary_key=True),
     sa.Column("id", sa.Text, primary_key=True),
-    sa.Column("device_id", sa.Text, nullable=False),
     sa.Column("ts", TS, nullable=False),
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("outcome", sa.Text, nullable=False),
     sa.Column("model_name", sa.Text, nullable=False),
     sa.Column("model_version", sa.Text, nullable=False),
     sa.Column("payload", json_type(), nullable=False),
+    sa.Column("received_at", TS),
     sa.Index(None, "device_id", "ts"),
 )
+"""A decision is known by (device_id, id): two devices may use the same id, and each
+sees only its own row (docs/fleet-storage.md, "Decision ids")."""
 
 events = sa.Table(
     "events",
@@ -102,6 +115,7 @@ events = sa.Table(
     sa.Column("ts", TS, nullable=False),
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("payload", json_type(), nullable=False),
+    sa.Column("received_at", TS),
     sa.Index(None, "device_id", "ts"),
     sa.Index(None, "kind", "ts"),
 )
@@ -205,15 +219,10 @@ sa.Index(
 decision_reviews = sa.Table(
     "decision_reviews",
     metadata,
-    sa.Column(
-        "decision_id",
-        sa.Text,
-        sa.ForeignKey("decisions.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    sa.Column("device_id", sa.Text, primary_key=True),
+    sa.Column("decision_id", sa.Text, primary_key=True),
     sa.Column("seq", sa.BigInteger, nullable=False, unique=True),
     sa.Column("decision_ts", TS, nullable=False),
-    sa.Column("device_id", sa.Text, nullable=False),
     sa.Column("line", sa.Text, nullable=False),
     sa.Column("model_name", sa.Text, nullable=False),
     sa.Column("model_version", sa.Text, nullable=False),
@@ -223,6 +232,11 @@ decision_reviews = sa.Table(
     sa.Column("note", sa.Text, nullable=False),
     sa.Column("reviewer", sa.Text, nullable=False),
     sa.Column("reviewed_at", TS, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["device_id", "decision_id"],
+        ["decisions.device_id", "decisions.id"],
+        ondelete="CASCADE",
+    ),
     sa.Index(None, "decision_ts", "decision_id"),
 )
 """The current review of a decision (its ground-truth label): one row per reviewed
@@ -233,19 +247,20 @@ decision_review_log = sa.Table(
     "decision_review_log",
     metadata,
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
-    sa.Column(
-        "decision_id",
-        sa.Text,
-        sa.ForeignKey("decisions.id", ondelete="CASCADE"),
-        nullable=False,
-        index=True,
-    ),
+    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("decision_id", sa.Text, nullable=False),
     sa.Column("decided", sa.Text, nullable=False),
     sa.Column("verdict", sa.Text, nullable=False),
     sa.Column("outcome", sa.Text, nullable=False),
     sa.Column("note", sa.Text, nullable=False),
     sa.Column("reviewer", sa.Text, nullable=False),
     sa.Column("reviewed_at", TS, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["device_id", "decision_id"],
+        ["decisions.device_id", "decisions.id"],
+        ondelete="CASCADE",
+    ),
+    sa.Index(None, "device_id", "decision_id"),
     sqlite_autoincrement=True,  # a seq is never used twice, not even after a delete
 )
 """Every review ever given, oldest first (an override of an override keeps both)."""

@@ -45,6 +45,7 @@ from agent.wire.messages import (
     parse_object,
     parse_telemetry,
 )
+from fleet_server.db.quarantine import storable
 from fleet_server.ingest.clock import ClockBounds, ClockSkew, Timed, check_record
 from fleet_server.ingest.failures import RetryPolicy, classify, describe
 
@@ -286,12 +287,6 @@ class _Storing:
             if source >= 0:
                 self.batch.failed.add(source)
         return True
-
-
-def storable(text: str) -> str:
-    """``text`` with what no database stores (NUL, lone surrogates) escaped."""
-    clean = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return clean.replace("\x00", "\\x00")
 
 
 def _name(record: Any) -> str:

@@ -5,19 +5,26 @@ ids are the keys), so redelivery, agent retries and several workers on one share
 subscription store each record once; the counts returned are rows actually inserted.
 Besides the records:
 
-- heartbeats move each device's ``last_seen`` forward and mark it online;
+- every record gets ``received_at``, the server's clock when it is stored;
+- heartbeats move each device's ``last_seen`` forward to the receive time (never to a
+  device's clock: a far-future heartbeat can't pin it) and mark it online;
 - health reports also become the device's ``health`` (the newest by ``ts`` wins);
-- a reported state updates the device row (agent version, profile, labels when given,
-  active and previous bundle, online, last seen) unless a newer state is held; each
-  state is also kept as an event of kind ``state`` (id ``state:<ts>``), which is how a
-  newer state is told from an older one arriving late through another worker; a state
-  without ``ts`` (the last will) only sets ``online``.
+- a reported state updates the device row (agent version, active and previous bundle,
+  online, last seen at the receive time) unless a newer state is held; the profile and
+  labels the device reports go to ``reported_profile`` and ``reported_labels`` only:
+  the fleet's ``profile`` and ``labels`` (enrollment, operators) are never taken from a
+  device. Each state is also kept as an event of kind ``state`` (id ``state:<ts>``),
+  which is how a newer state is told from an older one arriving late through another
+  worker; a state without ``ts`` (the last will) only sets ``online``.
+
+Device times reach this sink already bounded (:mod:`fleet_server.ingest.clock`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -48,8 +55,10 @@ def state_event_id(ts: float) -> str:
     return f"{STATE_EVENT}:{ts!r}"
 
 
-def _records(rows: Iterable[Heartbeat | Health | Telemetry]) -> list[Record]:
-    return [Record(r.device_id, r.record_id, r.ts, r.model_dump(mode="json")) for r in rows]
+def _records(rows: Iterable[Heartbeat | Health | Telemetry], received_at: float) -> list[Record]:
+    return [
+        Record(r.device_id, r.record_id, r.ts, r.model_dump(mode="json"), received_at) for r in rows
+    ]
 
 
 def _newest_by_device(rows: Iterable[Heartbeat | Health]) -> dict[str, Heartbeat | Health]:
@@ -82,16 +91,18 @@ class SqlSink:
     engine), or each have its own over the same database.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
         self.engine = engine
+        self.clock = clock
 
     def store_heartbeats(self, rows: Sequence[Heartbeat]) -> int:
         """Insert the heartbeats not stored yet and touch their devices; how many new."""
         if not rows:
             return 0
-        seen = {d: r.ts for d, r in _newest_by_device(rows).items()}
+        now = self.clock()
+        seen = dict.fromkeys(_newest_by_device(rows), now)
         with store.write_transaction(self.engine) as conn:
-            inserted = store.insert_heartbeats(conn, _records(rows))
+            inserted = store.insert_heartbeats(conn, _records(rows, now))
             store.touch_devices(conn, seen)
         return inserted
 
@@ -105,18 +116,21 @@ class SqlSink:
             for d, r in sorted(_newest_by_device(rows).items())
         ]
         with store.write_transaction(self.engine) as conn:
-            inserted = store.insert_telemetry(conn, _records(rows))
+            inserted = store.insert_telemetry(conn, _records(rows, self.clock()))
             conn.execute(_HEALTH_UPDATE, params)
         return inserted
 
     def store_telemetry(self, rows: Sequence[Telemetry]) -> int:
         """Insert the telemetry samples not stored yet; how many new."""
-        return store.insert_telemetry(self.engine, _records(rows)) if rows else 0
+        if not rows:
+            return 0
+        return store.insert_telemetry(self.engine, _records(rows, self.clock()))
 
     def store_decisions(self, rows: Sequence[DecisionRow]) -> int:
         """Insert the decision rows not stored yet; how many new."""
         if not rows:
             return 0
+        now = self.clock()
         records = [
             DecisionRecord(
                 id=r.id,
@@ -127,6 +141,7 @@ class SqlSink:
                 model_name=r.model_name,
                 model_version=r.model_version,
                 payload=r.model_dump(mode="json"),
+                received_at=now,
             )
             for r in rows
         ]
@@ -144,11 +159,13 @@ class SqlSink:
         ``"_message"``)."""
         if not rows:
             return 0
-        return store.insert_events(self.engine, [_event_record(e) for e in rows])
+        now = self.clock()
+        return store.insert_events(self.engine, [_event_record(e, now) for e in rows])
 
     def store_state(self, device_id: str, state: ReportedState) -> None:
         """Record the device's reported state, unless a newer one is held (by ``ts``);
         a state without ``ts`` (the last will) changes only ``online``."""
+        now = self.clock()
         with store.write_transaction(self.engine) as conn:
             if state.ts is None:
                 conn.execute(
@@ -157,7 +174,7 @@ class SqlSink:
                     .values(online=state.online)
                 )
                 return
-            store.upsert_device(conn, device_id, now=state.ts)  # the row exists from here
+            store.upsert_device(conn, device_id, now=now)  # the row exists from here
             _lock_device(conn, device_id)
             store.insert_events(
                 conn,
@@ -168,6 +185,7 @@ class SqlSink:
                         state.ts,
                         STATE_EVENT,
                         state.model_dump(mode="json"),
+                        now,
                     )
                 ],
             )
@@ -181,7 +199,7 @@ class SqlSink:
                 .where(devices.c.device_id == device_id)
                 .values(_state_values(state))
             )
-            store.mark_seen(conn, device_id, state.ts, state.online)
+            store.mark_seen(conn, device_id, now, state.online)
 
     def quarantine(self, topic: str, reason: str, payload: bytes) -> None:
         """Set the payload aside in the database's quarantine table."""
@@ -197,12 +215,12 @@ def _image_record(upload: ThumbnailUpload) -> ImageRecord:
     )  # fmt: skip
 
 
-def _event_record(event: Event) -> EventRecord:
+def _event_record(event: Event, received_at: float) -> EventRecord:
     payload = dict(event.payload)
     extra = event.model_extra
     if extra:
         payload["_message"] = dict(extra)
-    return EventRecord(event.device_id, event.event_id, event.ts, event.kind, payload)
+    return EventRecord(event.device_id, event.event_id, event.ts, event.kind, payload, received_at)
 
 
 def _lock_device(conn: Connection, device_id: str) -> None:
@@ -232,8 +250,10 @@ def _state_values(state: ReportedState) -> dict[str, Any]:
     }
     if state.agent_version is not None:
         values["agent_version"] = state.agent_version
+    # What the device says of its profile and labels is kept as reported, apart from
+    # the fleet's own (which rollouts select and sign by).
     if state.profile is not None:
-        values["profile"] = state.profile
+        values["reported_profile"] = state.profile
     if state.labels:
-        values["labels"] = dict(state.labels)
+        values["reported_labels"] = dict(state.labels)
     return values

@@ -4,8 +4,9 @@ upload_thumbnails``), stored by :mod:`fleet_server.db.images`.
 
 An image is shown only with the decision of the device that uploaded it, and it never
 changes once stored (the first upload of a decision by its device is kept), so a page
-may cache it.
-:func:`image_sizes` gives the sizes of a page's images in one query.
+may cache it. A decision is (device, id): its image's URL names the device
+(``?device=``), so that an id another device also used never shows that one's image.
+:func:`image_sizes_by_device` gives the sizes of a page's images in one query.
 """
 
 from __future__ import annotations
@@ -13,39 +14,48 @@ from __future__ import annotations
 import hashlib
 import urllib.parse
 
-import sqlalchemy as sa
-
 from fleet_server.db._tx import Bind, reading
-from fleet_server.db.store import ImageRecord, get_image, image_sizes
-from fleet_server.db.tables import decisions
-from fleet_server.review.errors import NoImage, UnknownDecision
+from fleet_server.db.store import ImageRecord, get_image, image_sizes, image_sizes_by_device
+from fleet_server.review.errors import NoImage
+from fleet_server.review.reviews import decision_row
 
-__all__ = ["IMAGE_PATH", "ImageRecord", "decision_image", "etag", "image_sizes", "image_url"]
+__all__ = [
+    "IMAGE_PATH",
+    "ImageRecord",
+    "decision_image",
+    "etag",
+    "image_sizes",
+    "image_sizes_by_device",
+    "image_url",
+]
 
 IMAGE_PATH = "/api/v1/decisions/{}/image"
 """The API's path of a decision's image (``fleet_server.api.decisions``)."""
 
 
-def image_url(decision_id: str) -> str:
-    """The path the API serves ``decision_id``'s image at (for ``<img src>``)."""
-    return IMAGE_PATH.format(urllib.parse.quote(decision_id, safe=""))
+def image_url(decision_id: str, device_id: str | None = None) -> str:
+    """The path the API serves ``decision_id``'s image at (for ``<img src>``), of the
+    decision of ``device_id`` when given."""
+    path = IMAGE_PATH.format(urllib.parse.quote(decision_id, safe=""))
+    if device_id is None:
+        return path
+    return f"{path}?{urllib.parse.urlencode({'device': device_id})}"
 
 
-def decision_image(bind: Bind, decision_id: str) -> ImageRecord:
+def decision_image(bind: Bind, decision_id: str, device_id: str | None = None) -> ImageRecord:
     """The stored image of a stored decision, uploaded by the decision's own device.
 
     Raises:
-        UnknownDecision: no such decision.
+        UnknownDecision: no such decision (of ``device_id``, when given).
+        BadQuery: no device given and several devices used the id.
         NoImage: the decision is stored, an image of it (by its device) is not.
     """
-    record = get_image(bind, decision_id)
-    if record is not None:
-        return record
     with reading(bind) as conn:
-        known = conn.execute(sa.select(decisions.c.id).where(decisions.c.id == decision_id)).first()
-    if known is None:
-        raise UnknownDecision(decision_id)
-    raise NoImage(decision_id)
+        row = decision_row(conn, decision_id, device_id)
+    record = get_image(bind, decision_id, str(row.device_id))
+    if record is None:
+        raise NoImage(decision_id)
+    return record
 
 
 def etag(data: bytes) -> str:

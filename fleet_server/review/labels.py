@@ -98,7 +98,10 @@ def labels_since(bind: Bind, since: int = 0, *, limit: int = 1000) -> list[Label
     r = decision_reviews
     query = (
         sa.select(r, decisions.c.source, decisions.c.payload)
-        .join(decisions, decisions.c.id == r.c.decision_id)
+        .join(
+            decisions,
+            sa.and_(decisions.c.device_id == r.c.device_id, decisions.c.id == r.c.decision_id),
+        )
         .where(r.c.seq > since)
         .order_by(r.c.seq)
         .limit(limit)

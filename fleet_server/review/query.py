@@ -190,10 +190,14 @@ def _order(reviewed: bool | None) -> tuple[sa.ColumnElement[Any], sa.ColumnEleme
     return decisions.c.ts, decisions.c.id
 
 
+_REVIEW_OF = sa.and_(R.c.device_id == decisions.c.device_id, R.c.decision_id == decisions.c.id)
+"""A review belongs to the decision of the same device and id."""
+
+
 def _source(reviewed: bool | None) -> sa.FromClause:
     if reviewed:
-        return R.join(decisions, decisions.c.id == R.c.decision_id)
-    return decisions.outerjoin(R, R.c.decision_id == decisions.c.id)
+        return R.join(decisions, _REVIEW_OF)
+    return decisions.outerjoin(R, _REVIEW_OF)
 
 
 def _branch_select(

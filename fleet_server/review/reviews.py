@@ -8,6 +8,11 @@ labels feed (:func:`labels_since`) hands out current reviews in ``seq`` order. R
 are written one at a time (SQLite's write lock; on PostgreSQL an advisory lock taken
 before the ``seq`` is drawn), so ``seq`` order is commit order and a reader that has
 seen ``seq`` n never later finds a review with a smaller one.
+
+A decision is ``(device_id, id)``: two devices may have used the same id. Every
+function here takes the device; without it, an id is looked up alone and must name
+one decision (:func:`decision_row`): an id shared by several devices is a
+:class:`BadQuery` on ``device`` that lists them, never another device's row.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from fleet_server.db._tx import Bind, reading, upsert, writing
 from fleet_server.db.tables import decision_review_log, decision_reviews, decisions
-from fleet_server.review.errors import BadReview, UnknownDecision
+from fleet_server.review.errors import BadQuery, BadReview, UnknownDecision
 from fleet_server.review.filters import MAX_TEXT
 from fleet_server.review.query import REVIEW_COLUMNS, device_labels
 from fleet_server.review.rows import DecisionSummary, Review, line_of, summarize
@@ -33,6 +39,8 @@ MAX_NOTE = 2000
 REVIEW_LOCK_KEY = 0x6564_6765_7276  # "edgerv": serialises reviews on PostgreSQL
 HISTORY_SHOWN = 50
 """Reviews of one decision shown in its detail, newest first."""
+SHARED_SHOWN = 10
+"""Devices named in the error about an id several devices used."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +97,37 @@ def check_review(
     return chosen, outcome, note
 
 
+def decision_row(conn: Connection, decision_id: str, device_id: str | None) -> sa.Row[Any]:
+    """The ``decisions`` row of ``decision_id`` made by ``device_id``; with no device,
+    the one row with that id.
+
+    Raises:
+        UnknownDecision: no such decision (of that device).
+        BadQuery: no device given and several devices used the id (``device`` named,
+            with the devices).
+    """
+    query = sa.select(decisions).where(decisions.c.id == decision_id)
+    if device_id is not None:
+        query = query.where(decisions.c.device_id == device_id)
+    rows = conn.execute(query.order_by(decisions.c.device_id).limit(SHARED_SHOWN + 1)).all()
+    if not rows:
+        raise UnknownDecision(decision_id)
+    if len(rows) > 1:
+        names = ", ".join(str(r.device_id) for r in rows[:SHARED_SHOWN])
+        more = " ..." if len(rows) > SHARED_SHOWN else ""
+        raise BadQuery(
+            "device",
+            f"decision id {decision_id!r} is used by devices {names}{more}; "
+            "name the device (?device=...)",
+        )
+    return rows[0]
+
+
 def save_review(
     bind: Bind,
     decision_id: str,
     *,
+    device_id: str | None = None,
     verdict: str,
     outcome: str | None,
     note: str,
@@ -103,19 +138,19 @@ def save_review(
     replaces the decision's current review and is kept in its history.
 
     Raises:
-        UnknownDecision: no such decision.
+        UnknownDecision: no such decision (of ``device_id``, when given).
+        BadQuery: no device given and several devices used the id.
         BadReview: the review is not acceptable.
     """
     at = time.time() if now is None else now
     with writing(bind) as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(REVIEW_LOCK_KEY)))
-        row = conn.execute(sa.select(decisions).where(decisions.c.id == decision_id)).first()
-        if row is None:
-            raise UnknownDecision(decision_id)
+        row = decision_row(conn, decision_id, device_id)
         decided = str(row.outcome)
         chosen, label, text = check_review(decided, verdict, outcome, note)
         entry = {
+            "device_id": row.device_id,
             "decision_id": decision_id,
             "decided": decided,
             "verdict": chosen,
@@ -134,14 +169,14 @@ def save_review(
             **entry,
             "seq": seq,
             "decision_ts": row.ts,
-            "device_id": row.device_id,
             "line": line_of(row.payload or {}, labels),
             "model_name": row.model_name,
             "model_version": row.model_version,
         }
         stmt = upsert(conn, decision_reviews).values(current)
-        changed = {k: v for k, v in current.items() if k != "decision_id"}
-        conn.execute(stmt.on_conflict_do_update(index_elements=["decision_id"], set_=changed))
+        key = ["device_id", "decision_id"]
+        changed = {k: v for k, v in current.items() if k not in key}
+        conn.execute(stmt.on_conflict_do_update(index_elements=key, set_=changed))
     return Review(
         seq=seq,
         decided=decided,
@@ -157,28 +192,28 @@ def _review(row: Mapping[Any, Any]) -> Review:
     return Review(**{name: row[name] for name in REVIEW_COLUMNS})
 
 
-def get_decision(bind: Bind, decision_id: str) -> DecisionDetail:
+def get_decision(bind: Bind, decision_id: str, device_id: str | None = None) -> DecisionDetail:
     """The decision with its device's labels, current review and review history.
 
     Raises:
-        UnknownDecision: no such decision.
+        UnknownDecision: no such decision (of ``device_id``, when given).
+        BadQuery: no device given and several devices used the id.
     """
     log = decision_review_log
+    r = decision_reviews
     with reading(bind) as conn:
-        row = conn.execute(sa.select(decisions).where(decisions.c.id == decision_id)).first()
-        if row is None:
-            raise UnknownDecision(decision_id)
+        row = decision_row(conn, decision_id, device_id)
         history = [
-            _review(r._mapping)
-            for r in conn.execute(
+            _review(h._mapping)
+            for h in conn.execute(
                 sa.select(log)
-                .where(log.c.decision_id == decision_id)
+                .where(log.c.device_id == row.device_id, log.c.decision_id == decision_id)
                 .order_by(log.c.seq.desc())
                 .limit(HISTORY_SHOWN)
             )
         ]
         current = conn.execute(
-            sa.select(decision_reviews).where(decision_reviews.c.decision_id == decision_id)
+            sa.select(r).where(r.c.device_id == row.device_id, r.c.decision_id == decision_id)
         ).first()
         labels = device_labels(conn, [row.device_id]).get(row.device_id, {})
     review = None if current is None else _review(current._mapping)

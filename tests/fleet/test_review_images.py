@@ -115,10 +115,10 @@ def test_each_role_gets_the_stored_jpeg_with_cache_headers_and_the_api_links_it(
     changed = fetch(api.url + path, {**bearer, "If-None-Match": '"not-it"'})
     assert (changed[0], changed[1]) == (200, jpeg)
     shown = api.call("GET", f"/api/v1/decisions/{row.id}").body
-    assert shown["image"] == path
+    assert shown["image"] == path + "?device=d1"  # an id is the device's: the link names it
     assert (shown["image_width"], shown["image_height"]) == (320, 240)
     listed = {r["id"]: r["image"] for r in api.call("GET", "/api/v1/decisions").body["rows"]}
-    assert listed == {row.id: path, plain.id: None}
+    assert listed == {row.id: path + "?device=d1", plain.id: None}
 
 
 def test_an_unknown_decision_or_one_without_an_image_is_a_404_naming_it(

@@ -168,21 +168,38 @@ def test_a_retained_install_report_seen_twice_is_one_event(db: Engine) -> None:
     assert event.payload == report
 
 
-def test_heartbeats_move_last_seen_forward_and_mark_registered_devices_online(
+class _Clock:
+    """The server's clock, set by the test."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_heartbeats_move_last_seen_forward_by_receive_time_and_mark_devices_online(
     db: Engine,
 ) -> None:
     store.upsert_device(db, "dev-a", profile="x86-gateway")
     assert store.get_device(db, "dev-a").online is False  # type: ignore[union-attr]
-    sink = SqlSink(db)
+    clock = _Clock(TS + 100)
+    sink = SqlSink(db, clock=clock)
     sink.store_heartbeats([Heartbeat(device_id="dev-a", seq=n, ts=TS + n) for n in (3, 1, 2)])
     sink.store_heartbeats([Heartbeat(device_id="dev-b", seq=0, ts=TS)])  # not registered
     device = store.get_device(db, "dev-a")
     assert device is not None
-    assert (device.online, device.last_seen) == (True, TS + 3)
-    sink.store_heartbeats([Heartbeat(device_id="dev-a", seq=0, ts=TS)])  # late
-    assert store.get_device(db, "dev-a").last_seen == TS + 3  # type: ignore[union-attr]
+    assert (device.online, device.last_seen) == (True, TS + 100)  # receive time, not ts
+    clock.now = TS + 200
+    sink.store_heartbeats([Heartbeat(device_id="dev-a", seq=9, ts=TS + 1e9)])  # far future
+    assert store.get_device(db, "dev-a").last_seen == TS + 200  # type: ignore[union-attr]
+    clock.now = TS + 150  # a worker whose batch was received earlier commits later
+    sink.store_heartbeats([Heartbeat(device_id="dev-a", seq=0, ts=TS)])
+    assert store.get_device(db, "dev-a").last_seen == TS + 200  # type: ignore[union-attr]
     assert store.get_device(db, "dev-b") is None
-    assert store.count_records(db, "heartbeats") == 5
+    assert store.count_records(db, "heartbeats") == 6
+    (newest, *_) = store.list_heartbeats(db, "dev-a")
+    assert (newest.ts, newest.received_at) == (TS + 1e9, TS + 200)
 
 
 def test_the_newest_health_report_becomes_the_devices_health(db: Engine) -> None:
@@ -215,16 +232,17 @@ def test_a_reported_state_updates_the_device_and_an_older_one_arriving_late_does
     db: Engine,
 ) -> None:
     store.upsert_device(db, "dev-a", labels={"line": "3"}, profile="old-profile")
-    sink = SqlSink(db)
+    sink = SqlSink(db, clock=_Clock(TS + 30))
     sink.store_state("dev-a", _state(TS + 10, 2))
     device = store.get_device(db, "dev-a")
     assert device is not None
     assert (device.active_bundle, device.active_release) == ("cls", 2)
     assert (device.previous_bundle, device.previous_release) == ("cls", 1)
     assert (device.agent_version, device.profile, device.labels) == (
-        "0.5.0", "x86-gateway", {"line": "3"}  # labels not reported: the enrolled ones stay
+        "0.5.0", "old-profile", {"line": "3"}  # the fleet's: never what the device says
     )  # fmt: skip
-    assert (device.online, device.last_seen) == (True, TS + 10)
+    assert (device.reported_profile, device.reported_labels) == ("x86-gateway", None)
+    assert (device.online, device.last_seen) == (True, TS + 30)
 
     sink.store_state("dev-a", _state(TS + 5, 1))  # delivered late through another worker
     device = store.get_device(db, "dev-a")
@@ -238,16 +256,16 @@ def test_a_reported_state_updates_the_device_and_an_older_one_arriving_late_does
     device = store.get_device(db, "dev-a")
     assert device is not None
     assert (device.active_release, device.previous_release) == (1, None)
-    assert device.labels == {"line": "4"}
+    assert (device.labels, device.reported_labels) == ({"line": "3"}, {"line": "4"})
 
 
 def test_a_last_will_marks_the_device_offline_and_changes_nothing_else(db: Engine) -> None:
-    sink = SqlSink(db)
+    sink = SqlSink(db, clock=_Clock(TS + 1))
     sink.store_state("dev-a", _state(TS, 2))  # an unknown device is registered by its state
     sink.store_state("dev-a", ReportedState.offline("dev-a"))
     device = store.get_device(db, "dev-a")
     assert device is not None
-    assert (device.online, device.active_release, device.last_seen) == (False, 2, TS)
+    assert (device.online, device.active_release, device.last_seen) == (False, 2, TS + 1)
     sink.store_heartbeats([Heartbeat(device_id="dev-a", seq=0, ts=TS + 1)])
     assert store.get_device(db, "dev-a").online is True  # type: ignore[union-attr]
 
@@ -321,6 +339,7 @@ def test_two_workers_on_one_shared_subscription_store_each_record_once(
     again = messages[::3]  # the agent's outbox sends these again (no PUBACK seen, say)
     doubled = sum(records[::3])
 
+    started = time.time()
     sink = SqlSink(db)
     group = f"sqlsink-{prefix}"
     workers = [
@@ -349,7 +368,9 @@ def test_two_workers_on_one_shared_subscription_store_each_record_once(
     assert sum(s.quarantined + s.sink_errors + s.internal_errors for s in stats) == 0
     device = store.get_device(db, ids[0])
     assert device is not None
-    assert (device.online, device.last_seen) == (True, TS + 7)
+    assert device.online is True
+    assert device.last_seen is not None
+    assert started <= device.last_seen <= time.time()  # receive time, not the device's
     assert device.health is not None
 
 
