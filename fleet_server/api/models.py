@@ -68,6 +68,16 @@ class DeviceOut(ApiModel):
     health: dict[str, Any] | None = Field(description="Its latest health report.")
     cert_serial: str | None = Field(description="Serial (hex) of its latest certificate.")
     revoked: bool = Field(description="Its certificates are revoked.")
+    reported_profile: str | None = Field(
+        None,
+        description="The profile the device last reported of itself (shown only; "
+        "rollouts and directives use profile).",
+    )
+    reported_labels: dict[str, str] | None = Field(
+        None,
+        description="The labels the device last reported of itself (shown only; "
+        "selectors use labels).",
+    )
 
 
 class RecordOut(ApiModel):
