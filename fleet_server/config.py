@@ -80,6 +80,22 @@ class HttpSection(Section):
     shutdown_timeout_s: float = Field(
         5.0, gt=0, le=300, description="How long stopping waits for requests in flight."
     )
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="The largest request body the API takes (bytes). A larger one is "
+        "answered 413 before it is read when its Content-Length says so, or as soon as "
+        "the bytes streamed pass the limit when it has none (chunked).",
+    )
+    max_small_body_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="The same for what anyone may send without signing in: POST /login, "
+        "/logout and /api/v1/enroll (a CSR is a few KiB), and the console's form posts "
+        "under /ui/ (read before the session is checked).",
+    )
 
     @field_validator("operator_token_env")
     @classmethod

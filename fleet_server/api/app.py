@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agent.errors import AgentError
+from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
 from fleet_server.api.context import ServerContext
 from fleet_server.api.decisions import decisions_router
 from fleet_server.api.devices import devices_router
@@ -119,6 +120,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
         responses=error_responses(e400="Malformed request"),
     )
     _install_error_handlers(app)
+    http = ctx.config.http
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit_for=body_limit_for(http.max_small_body_bytes, http.max_body_bytes),
+    )
 
     install(app, Gate(AuthService(ctx.engine, ctx.config.auth), ctx.operator_token))
     unauthorized = error_responses(
