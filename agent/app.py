@@ -441,6 +441,14 @@ class Agent:
             st = sensor.stats()
             m.set_counter(m.sensor_readings, int(st.get("readings", 0)), sensor=name)
             m.set_counter(m.sensor_bad_readings, int(st.get("bad_readings", 0)), sensor=name)
+            m.sensor_up.labels(sensor=name).set(1 if st.get("up") else 0)
+            if "silent_s" in st:
+                m.sensor_silent_seconds.labels(sensor=name).set(int(st["silent_s"]))
+                m.sensor_silent.labels(sensor=name).set(1 if st.get("silent") else 0)
+                restarts = int(st.get("thread_restarts", 0))
+                m.set_counter(m.sensor_thread_restarts, restarts, sensor=name)
+                errors = int(st.get("callback_errors", 0))
+                m.set_counter(m.sensor_callback_errors, errors, sensor=name)
         m.update_decision_log(self.log.stats())
         if self.uplink is not None:
             m.update_uplink(self.uplink.stats())
@@ -455,6 +463,7 @@ class Agent:
             "pool": "ok" if pool_ok else (self.pool.degraded if self.pool else "not started"),
             "decision_log": self.log.stats(),
             "problems": [f"{p.part}: {p.reason}" for p in self.problems],
+            "sensors": {n: _sensor_health(s) for n, s in self.sensors.items()},
         }
         if self.updates is not None:
             last = self.updates.reports[-1] if self.updates.reports else None
@@ -475,12 +484,18 @@ class Agent:
     def ready(self) -> tuple[bool, dict[str, Any]]:
         """Ready: every started pipeline runs and every camera delivers."""
         cams = {n: c.up for n, c in self.cameras.items()}
+        sensors = {n: s.up and not s.stats().get("silent", False) for n, s in self.sensors.items()}
         ok = (
             bool(self.runners)
             and all(cams.values())
+            and all(sensors.values())
             and (self.pool is not None and self.pool.ready_workers() > 0)
         )
-        return ok, {"cameras": cams, "pipelines": [r.name for r in self.runners]}
+        return ok, {
+            "cameras": cams,
+            "sensors": sensors,
+            "pipelines": [r.name for r in self.runners],
+        }
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -490,3 +505,10 @@ class Agent:
             "actions": self.dispatcher.stats(),
             "problems": [f"{p.part}: {p.reason}" for p in self.problems],
         }
+
+
+def _sensor_health(sensor: SensorSource) -> dict[str, Any]:
+    """A sensor on /healthz: up, and for an MQTT sensor its thread and its silence."""
+    st = sensor.stats()
+    keys = ("up", "silent", "silent_s", "thread_alive", "thread_restarts", "callback_errors")
+    return {k: st[k] for k in keys if k in st} | {"last_error": st.get("last_error", "")}

@@ -140,6 +140,36 @@ class AgentMetrics:
             ["sensor"],
             registry=r,
         )
+        self.sensor_up = Gauge(
+            "edgefleet_sensor_up",
+            "1 while the sensor can receive readings (connected and subscribed), else 0.",
+            ["sensor"],
+            registry=r,
+        )
+        self.sensor_silent_seconds = Gauge(
+            "edgefleet_sensor_silent_seconds",
+            "Seconds since the sensor's last reading (MQTT sensors).",
+            ["sensor"],
+            registry=r,
+        )
+        self.sensor_silent = Gauge(
+            "edgefleet_sensor_silent",
+            "1 while the sensor had no reading for longer than its max_silence_s, else 0.",
+            ["sensor"],
+            registry=r,
+        )
+        self.sensor_thread_restarts = Counter(
+            "edgefleet_sensor_thread_restarts",
+            "Times a sensor's MQTT network thread was found dead and restarted.",
+            ["sensor"],
+            registry=r,
+        )
+        self.sensor_callback_errors = Counter(
+            "edgefleet_sensor_callback_errors",
+            "Exceptions caught in a sensor's MQTT callbacks (the thread went on).",
+            ["sensor"],
+            registry=r,
+        )
         self.alarms = Counter("edgefleet_alarms", "Alarms raised, by kind.", ["kind"], registry=r)
 
         self._totals_lock = threading.Lock()

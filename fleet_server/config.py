@@ -22,6 +22,7 @@ from agent.configbase import Section
 from agent.errors import ConfigError
 from fleet_server.auth.config import AuthSection
 from fleet_server.broker import MosquittoConfig
+from fleet_server.broker.identity import guessable_group
 from fleet_server.db import sqlite_url
 from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
 
@@ -252,7 +253,19 @@ class IngestSection(Section):
     """The MQTT ingest workers."""
 
     workers: int = Field(1, ge=0, le=64, description="Ingest workers in this process.")
-    group: str = Field("ingest", description="Shared-subscription group ($share/<group>/...).")
+    group: str | None = Field(
+        None,
+        description="Shared-subscription group ($share/<group>/...). A secret: a device "
+        "that names it takes a share of every device's messages (Mosquitto 2.0 grants "
+        "every subscription). Default: a name of 128 random bits the server generates "
+        "and keeps in state_dir/ingest-group. A name given here must look random (at "
+        "least 16 characters, 10 of them different) unless allow_guessable_group is set.",
+    )
+    allow_guessable_group: bool = Field(
+        False,
+        description="Accept a group that looks guessable (a test bench, a broker no device "
+        "reaches); the server warns at every start.",
+    )
     max_lag_s: float = Field(
         30.0,
         gt=0,
@@ -282,10 +295,21 @@ class IngestSection(Section):
 
     @field_validator("group")
     @classmethod
-    def _group(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", value):
+    def _group(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9_.-]{1,64}$", value):
             raise ValueError(f"{value!r}: 1-64 of A-Z a-z 0-9 _ . - (no / + #)")
         return value
+
+    @model_validator(mode="after")
+    def _secret_group(self) -> IngestSection:
+        why = guessable_group(self.group) if self.group is not None else ""
+        if why and not self.allow_guessable_group:
+            raise ValueError(
+                f"group {self.group!r} is guessable ({why}): a device naming it would take "
+                "a share of every device's messages. Leave it out (the server generates "
+                "one) or set allow_guessable_group = true"
+            )
+        return self
 
 
 class RolloutsSection(Section):

@@ -2,12 +2,14 @@
 order and stopped in reverse.
 
 :meth:`FleetServer.start` opens the database (migrations), creates the CA at the first
-start (passphrase of role ``ca``: see :class:`fleet_server.repository.Passphrases`), issues
-the broker's server certificate and the fleet server's own MQTT identity when missing,
-expiring or no longer from this CA, starts the managed Mosquitto (or takes the external
-broker), builds the :class:`ServerContext`, starts the services (ingest workers, the
-rollout service: factories given to the constructor) and last the API (uvicorn in a
-thread). A background thread writes a fresh CRL before the current one expires.
+start (passphrase of role ``ca``: see :class:`fleet_server.repository.Passphrases`),
+issues the broker's server certificate, the fleet server's own MQTT identity and one
+identity per fleet service (``fleet:files``, ``fleet:rollouts``, ``fleet:ingest-<i>``: see
+:mod:`fleet_server.broker.identity`) when missing, expiring or no longer from this CA,
+starts the managed Mosquitto (or takes the external broker), builds the
+:class:`ServerContext`, starts the services (ingest workers, the rollout service:
+factories given to the constructor) and last the API (uvicorn in a thread). A background
+thread writes a fresh CRL before the current one expires.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from cryptography import x509
 from agent.secrets import read_secret
 from fleet_server.api.app import create_app
 from fleet_server.api.context import BrokerEndpoint, ServerContext
-from fleet_server.broker import ManagedBroker, MosquittoConfig
+from fleet_server.broker import ManagedBroker, MosquittoConfig, identity
 from fleet_server.ca import FleetCA
 from fleet_server.config import FleetServerConfig
 from fleet_server.db import open_database
@@ -289,7 +291,7 @@ class FleetServer:
             ca.write_crl()
         endpoint, broker_cfg = self._identities(ca)
         if broker_cfg is not None:
-            self._broker = ManagedBroker(broker_cfg)
+            self._broker = ManagedBroker(broker_cfg, services=self._services())
             self._broker.start()
             self._stops.append(("broker", self._broker.stop))
         repo = Repository(cfg.repository_path)
@@ -357,6 +359,8 @@ class FleetServer:
             log.info("issuing the fleet server's MQTT identity (%s)", why)
             key_pem, issued = ca.issue_service()
             _save_identity(key_file, cert_file, key_pem, issued.cert_pem)
+        for service in self._services():
+            self._service_identity(ca, service)
         mq = cfg.mosquitto_config()
         ips, dns = _split_hosts([mq.host, advertise])
         why = _cert_needs_renewal(mq.certfile, ca, ips, dns)
@@ -369,6 +373,21 @@ class FleetServer:
             connect, port, ca.cert_path, cert_file, key_file, advertise, b.advertise_port or port
         )
         return endpoint, mq
+
+    def _services(self) -> list[str]:
+        """The fleet services that connect to the managed broker, each as itself."""
+        return identity.services_for(self.config.ingest.workers)
+
+    def _service_identity(self, ca: FleetCA, service: str) -> None:
+        """Issue service ``service``'s certificate (CN ``fleet:<service>``) when missing,
+        expiring or no longer from this CA."""
+        cert_file, key_file = identity.identity_paths(self.config.identity_dir, service)
+        why = _cert_needs_renewal(cert_file, ca, (), ())
+        if why:
+            cn = identity.service_cn(service)
+            log.info("issuing the MQTT identity %s (%s)", cn, why)
+            key_pem, issued = ca.issue_service(cn)
+            _save_identity(key_file, cert_file, key_pem, issued.cert_pem)
 
     def stop(self) -> None:
         """Stop every started part, in reverse order; errors are logged, the first re-raised.

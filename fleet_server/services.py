@@ -1,6 +1,15 @@
 """The services ``fleet-server serve`` runs beside the API: MQTT ingest into the
-database, and the rollout controller's reconciliation loop publishing directives.
-Both connect to the fleet broker with the server's own identity (CN "fleet-server")."""
+database, the bundle file server, and the rollout controller's reconciliation loop
+publishing directives.
+
+On the managed broker each connection holds its own certificate (CN ``fleet:files``,
+``fleet:rollouts``, ``fleet:ingest-<i>``: :mod:`fleet_server.broker.identity`), which is
+also its client id there; the ingest workers share a secret subscription group. On an
+external broker they all use the one configured certificate with distinct client ids
+(such a broker must not force the client id to the certificate's name: the services
+would take over each other's session). Each service registers a probe on
+``ctx.health`` (``GET /healthz``).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +18,22 @@ import socket
 import ssl
 import threading
 import uuid
+from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.mqttguard import MqttGuard
 from fleet_server.api.context import ServerContext
+from fleet_server.broker import identity
 from fleet_server.distribution.file_server import MqttFileServer
 from fleet_server.errors import FleetError
+from fleet_server.health import PartHealth
+from fleet_server.ingest.health import register_workers, worker_options
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.ingest.worker import IngestWorker
 from fleet_server.rollout.service import RolloutService
@@ -25,25 +41,67 @@ from fleet_server.rollout.service import RolloutService
 log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT_S = 10.0
+FILES_HEALTH = "files"
+ROLLOUTS_HEALTH = "rollouts"
+
+
+def service_identity(ctx: ServerContext, service: str) -> tuple[Path, Path, str]:
+    """The certificate, key and client id fleet service ``service`` connects with."""
+    b = ctx.broker
+    if ctx.managed_broker is not None:
+        cert, key = identity.identity_paths(ctx.config.identity_dir, service)
+        return cert, key, identity.service_cn(service)
+    return b.cert_file, b.key_file, f"fleet-{service}-{socket.gethostname()}"
+
+
+def _tls(ctx: ServerContext, cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ctx.broker.ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert), str(key))
+    return context
 
 
 class MqttPublisher:
-    """Publishes as the fleet server: QoS 1, retain as asked, message expiry; a publish
-    the broker does not acknowledge in time (or refuses) raises."""
+    """Publishes as the rollout service: QoS 1, retain as asked, message expiry; a
+    publish the broker does not acknowledge in time (or refuses) raises."""
 
     def __init__(self, ctx: ServerContext) -> None:
         b = ctx.broker
+        cert, key, client_id = service_identity(ctx, identity.ROLLOUTS)
+        if ctx.managed_broker is None:
+            client_id = f"fleet-rollouts-{uuid.uuid4().hex[:8]}"
         self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"fleet-rollouts-{uuid.uuid4().hex[:8]}",
-            protocol=mqtt.MQTTv5,
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
         )
-        self.client.tls_set(
-            ca_certs=str(b.ca_file), certfile=str(b.cert_file), keyfile=str(b.key_file)
-        )
+        self.client.tls_set_context(_tls(ctx, cert, key))
         self.client.reconnect_delay_set(1, 10)
-        self.client.connect_async(b.host, b.port)
-        self.client.loop_start()
+        self.guard = MqttGuard("rollout-publisher")
+        self.client.on_connect = self.guard.wrap("on_connect", self._on_connect)
+        self.client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
+        self.connected = False
+        self._up = threading.Event()
+        self.failures = 0
+        self.published = 0
+        self._last_error = ""
+        self.guard.start(self.client, lambda: self.client.connect_async(b.host, b.port))
+
+    def _on_connect(self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any) -> None:
+        self.connected = not reason.is_failure
+        if self.connected:
+            self._up.set()
+        if reason.is_failure:
+            self._last_error = f"broker refused the connection: {reason}"
+            log.error("rollout publisher: %s", self._last_error)
+
+    def _on_disconnect(
+        self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any
+    ) -> None:
+        self.connected = False
+        self._last_error = f"disconnected: {reason}"
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait for the first CONNACK that accepts; whether it came."""
+        return self._up.wait(timeout_s)
 
     def __call__(self, topic: str, payload: bytes, retain: bool, expiry: int | None) -> None:
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -52,19 +110,24 @@ class MqttPublisher:
         info = self.client.publish(topic, payload, qos=1, retain=retain, properties=props)
         info.wait_for_publish(PUBLISH_TIMEOUT_S)
         if not info.is_published():
+            self.failures += 1
             raise FleetError(f"{topic}: the broker did not acknowledge the publish")
+        self.published += 1
+
+    def detail(self) -> dict[str, Any]:
+        """Figures for the health probe."""
+        return {
+            "connected": self.connected,
+            "published": self.published,
+            "publish_failures": self.failures,
+            "last_error": self._last_error,
+            **self.guard.snapshot(),
+        }
 
     def close(self) -> None:
+        self.guard.stop()
         self.client.disconnect()
         self.client.loop_stop()
-
-
-def _tls(ctx: ServerContext) -> ssl.SSLContext:
-    b = ctx.broker
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(b.ca_file))
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(str(b.cert_file), str(b.key_file))
-    return context
 
 
 class FileService:
@@ -72,46 +135,67 @@ class FileService:
 
     def __init__(self, ctx: ServerContext) -> None:
         b = ctx.broker
+        cert, key, client_id = service_identity(ctx, identity.FILES)
+        self.ctx = ctx
         self.server = MqttFileServer(
             ctx.repository.path,
             b.host,
             b.port,
-            tls_context=_tls(ctx),
-            client_id=f"fleet-files-{socket.gethostname()}",
+            tls_context=_tls(ctx, cert, key),
+            client_id=client_id,
         )
 
     def start(self) -> None:
         self.server.start()
+        self.ctx.health.register(FILES_HEALTH, self.server.health)
 
     def stop(self) -> None:
+        self.ctx.health.unregister(FILES_HEALTH)
         self.server.stop()
 
 
 class IngestService:
-    """``ingest.workers`` workers on one shared subscription, storing through SQL."""
+    """``ingest.workers`` workers on one shared subscription (its group a secret of the
+    server: :func:`fleet_server.broker.identity.ingest_group`), storing through SQL."""
 
     def __init__(self, ctx: ServerContext) -> None:
         b, cfg = ctx.broker, ctx.config.ingest
-        host = socket.gethostname()
-        self.workers = [
-            IngestWorker(
-                b.host,
-                b.port,
-                sink=SqlSink(ctx.engine),
-                group=cfg.group,
-                client_id=f"fleet-ingest-{host}-{i}",
-                tls_ca=b.ca_file,
-                tls_cert=b.cert_file,
-                tls_key=b.key_file,
+        self.ctx = ctx
+        group = identity.ingest_group(ctx.config.state_dir, cfg.group)
+        if cfg.group is not None and identity.guessable_group(cfg.group):
+            log.warning(
+                "ingest group %r is guessable (allow_guessable_group): a device naming it "
+                "takes a share of every device's messages",
+                cfg.group,
             )
-            for i in range(cfg.workers)
-        ]
+        options = worker_options(cfg)
+        self.workers = []
+        for i in range(cfg.workers):
+            cert, key, client_id = service_identity(ctx, identity.ingest_service(i))
+            self.workers.append(
+                IngestWorker(
+                    b.host,
+                    b.port,
+                    sink=SqlSink(ctx.engine),
+                    group=group,
+                    client_id=client_id,
+                    tls_ca=b.ca_file,
+                    tls_cert=cert,
+                    tls_key=key,
+                    **options,
+                )
+            )
+        self._probes: list[str] = []
 
     def start(self) -> None:
         for w in self.workers:
             w.start()
+        self._probes = register_workers(self.ctx.health, self.workers)
 
     def stop(self) -> None:
+        for name in self._probes:
+            self.ctx.health.unregister(name)
+        self._probes = []
         for w in self.workers:
             w.stop()
 
@@ -128,6 +212,10 @@ class RolloutRunner:
 
     def start(self) -> None:
         self.publisher = MqttPublisher(self.ctx)
+        if not self.publisher.wait_connected(PUBLISH_TIMEOUT_S):
+            log.warning(
+                "rollout publisher: not connected within %g s (retrying)", PUBLISH_TIMEOUT_S
+            )
         self.service = RolloutService(
             self.ctx.engine,
             repo=self.ctx.repository,
@@ -140,8 +228,21 @@ class RolloutRunner:
             target=self.service.run, args=(self._stop, tick_s), name="rollouts", daemon=True
         )
         self._thread.start()
+        self.ctx.health.register(ROLLOUTS_HEALTH, self.health)
+
+    def health(self) -> PartHealth:
+        """Ok while the reconciliation thread runs and the publisher is connected with
+        its network thread alive."""
+        thread_ok = self._thread is not None and self._thread.is_alive()
+        pub = self.publisher
+        detail: dict[str, Any] = {"loop_alive": thread_ok}
+        if pub is not None:
+            detail["publisher"] = pub.detail()
+        ok = thread_ok and pub is not None and pub.connected and pub.guard.thread_alive
+        return PartHealth(ok, detail)
 
     def stop(self) -> None:
+        self.ctx.health.unregister(ROLLOUTS_HEALTH)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)

@@ -54,6 +54,14 @@ class SensorConfig(Section):
     )
     loop: bool = Field(True, description="Replay the file again from the start at its end.")
     line: str = Field("", description="Production line this sensor belongs to (for policy).")
+    max_silence_s: float = Field(
+        60.0,
+        gt=0,
+        le=7 * 86_400,
+        description="An mqtt sensor with no reading for longer than this is reported silent "
+        "(/readyz fails, /healthz and /metrics show it); readings that are rejected do not "
+        "count as readings.",
+    )
 
     @field_validator("topic")
     @classmethod

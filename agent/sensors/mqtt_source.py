@@ -3,6 +3,9 @@
 paho-mqtt with version-2 callbacks, ``connect_async`` + ``loop_start``; paho reconnects
 after a lost connection and the sensor subscribes again on every connect. Every reason
 code is checked: a refused connect or subscription leaves the sensor down, with the reason.
+Every callback is wrapped and paho's thread supervised (:class:`agent.mqttguard.MqttGuard`):
+no payload stops the sensor from reading. A sensor with no reading for longer than
+``max_silence_s`` is reported silent (:meth:`MqttSensor.silent_s`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import SensorError
 from agent.mqtt_config import LocalMqttConfig
-from agent.sensors.base import SensorSource
+from agent.mqttguard import MqttGuard
+from agent.sensors.base import SensorSource, SensorStats
 from agent.sensors.config import SensorConfig
 from agent.sensors.parse import BadReading, parse_payload
 
@@ -40,6 +44,9 @@ class MqttSensor(SensorSource):
         self._client: mqtt.Client | None = None
         self._stopping = threading.Event()
         self._messages = 0
+        self._since = time.monotonic()
+        """When the last reading came (or the sensor started)."""
+        self.guard = MqttGuard(f"sensor {config.name}")
 
     def start(self) -> None:
         """Connect in the background; the sensor is up once the subscription is granted.
@@ -58,21 +65,28 @@ class MqttSensor(SensorSource):
         )
         if self.broker.username:
             client.username_pw_set(self.broker.username, self.broker.password())
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
+        guard = self.guard = MqttGuard(f"sensor {self.name}", check_s=self.guard.check_s)
+        client.on_connect = guard.wrap("on_connect", self._on_connect)
+        client.on_connect_fail = guard.wrap("on_connect_fail", self._on_connect_fail)
+        client.on_disconnect = guard.wrap("on_disconnect", self._on_disconnect)
+        client.on_subscribe = guard.wrap("on_subscribe", self._on_subscribe)
+        client.on_message = guard.wrap("on_message", self._on_message)
         client.reconnect_delay_set(_RECONNECT_MIN_S, _RECONNECT_MAX_S)
-        client.connect_async(self.broker.host, self.broker.port, self.broker.keepalive_s)
         self._client = client
-        client.loop_start()
+        self._since = time.monotonic()
+        guard.start(
+            client,
+            lambda: client.connect_async(
+                self.broker.host, self.broker.port, self.broker.keepalive_s
+            ),
+        )
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Disconnect and end paho's thread, waiting up to ``timeout_s``."""
         self._stopping.set()
         self._slot.close()
         client, self._client = self._client, None
+        self.guard.stop()
         if client is not None:
             client.disconnect()
             # loop_stop joins paho's thread without a timeout: bound it from here
@@ -82,6 +96,26 @@ class MqttSensor(SensorSource):
             if stopper.is_alive():
                 logger.warning("sensor %s: MQTT thread did not end in %.1f s", self.name, timeout_s)
         self._set_up(False, "stopped", failure=False)
+
+    def silent_s(self) -> float:
+        """Seconds since the last reading (or since the start, before the first)."""
+        return time.monotonic() - self._since
+
+    @property
+    def silent(self) -> bool:
+        """Whether no reading came for longer than ``max_silence_s``."""
+        return self.silent_s() > self.config.max_silence_s
+
+    def stats(self) -> SensorStats:
+        """The counters of :meth:`SensorSource.stats`, and the MQTT thread's state:
+        thread_alive, thread_restarts, callback_errors, silent_s (whole seconds), silent."""
+        out = super().stats()
+        out["thread_alive"] = self.guard.thread_alive
+        out["thread_restarts"] = self.guard.restarts
+        out["callback_errors"] = self.guard.error_count
+        out["silent_s"] = int(self.silent_s())
+        out["silent"] = self.silent
+        return out
 
     # --- paho callbacks (paho's thread) ---------------------------------------------------
 
@@ -149,8 +183,5 @@ class MqttSensor(SensorSource):
         except BadReading as e:
             self._reject(f"message {self._messages} on {message.topic}", e.reason)
             return
-        try:
-            self._deliver(values, t_ns, wall)
-        except Exception as e:  # an exception here would end paho's network thread
-            logger.exception("sensor %s: delivering a reading failed", self.name)
-            self._count_error(f"{type(e).__name__}: {e}")
+        self._since = time.monotonic()
+        self._deliver(values, t_ns, wall)  # an exception is the guard's: caught, counted

@@ -3,8 +3,13 @@
 A device's user name is its certificate's CN (``use_identity_as_username``); pattern rules
 substitute it for ``%u``, so one rule covers every device. What a device may write and read
 is listed here, topic by topic, from :mod:`agent.wire.topics`; nothing else is granted
-(no ``#`` under a device, no ``$SYS``). The fleet server's own identity may read and write
-the whole fleet tree.
+(no ``#`` under a device, no ``$SYS``). The fleet server's own identity (``fleet-server``:
+tools, benches, the HIL harness) may read and write the whole fleet tree; each fleet
+service (:mod:`fleet_server.broker.identity`: ``fleet:files``, ``fleet:rollouts``,
+``fleet:ingest-<i>``) gets only the topics it uses.
+
+Mosquitto 2.0.11's ACL file does not check subscriptions (every SUBACK grants) and checks
+read access at delivery: a device may subscribe to ``#`` and receives nothing of others'.
 
 Mosquitto 2 denies every pattern-checked access to a client whose user name or client id
 holds ``+`` or ``#``; the fleet CA refuses such names (and ``/``) at issue time as well.
@@ -12,9 +17,11 @@ holds ``+`` or ``#``; the fleet CA refuses such names (and ``/``) at issue time 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from agent.wire import topics
+from fleet_server.broker import identity
 
 DEVICE_WRITES: tuple[Callable[[str], str], ...] = (
     topics.state,
@@ -43,14 +50,57 @@ def device_rules() -> list[str]:
     return writes + reads
 
 
-def acl_text(fleet_identity: str) -> str:
-    """The ACL file for a broker whose fleet server connects as ``fleet_identity``.
+@dataclass(frozen=True)
+class ServiceGrant:
+    """What one fleet service identity may read and write (topic filters)."""
+
+    service: str
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+
+    @property
+    def user(self) -> str:
+        """The service's ACL user name (its certificate CN)."""
+        return identity.service_cn(self.service)
+
+    def lines(self) -> list[str]:
+        """The ACL lines of this service."""
+        return [
+            f"user {self.user}",
+            *(f"topic read {t}" for t in self.reads),
+            *(f"topic write {t}" for t in self.writes),
+        ]
+
+
+def service_grant(service: str) -> ServiceGrant:
+    """The grant of fleet service ``service`` (files, rollouts, ingest-<i>).
 
     Raises:
-        ValueError: ``fleet_identity`` can't be an ACL user name.
+        ValueError: not a known service.
+    """
+    if service == identity.FILES:
+        return ServiceGrant(
+            service,
+            reads=(topics.fetch_request_filter(),),
+            writes=(topics.device_filter(topics.fetch_response),),
+        )
+    if service == identity.ROLLOUTS:
+        return ServiceGrant(service, writes=(topics.device_filter(topics.directive),))
+    if service.startswith(f"{identity.INGEST}-") and service[len(identity.INGEST) + 1 :].isdigit():
+        return ServiceGrant(service, reads=tuple(topics.device_filter(t) for t in DEVICE_WRITES))
+    raise ValueError(f"{service!r} is not a fleet service (files, rollouts, ingest-<i>)")
+
+
+def acl_text(fleet_identity: str, services: Sequence[str] = ()) -> str:
+    """The ACL file for a broker whose fleet server connects as ``fleet_identity`` (full
+    access) and as each of ``services`` (:func:`service_grant`).
+
+    Raises:
+        ValueError: ``fleet_identity`` can't be an ACL user name, or a service is unknown.
     """
     if not topics.is_device_id(fleet_identity):
         raise ValueError(f"{fleet_identity!r} can't be an ACL user name")
+    grants = [service_grant(s) for s in services]
     lines = [
         "# Written by fleet-server at every start; edits here are lost.",
         "# Deny by default: a client may use only the topics granted below.",
@@ -60,6 +110,8 @@ def acl_text(fleet_identity: str) -> str:
         f"topic readwrite {topics.fleet_filter()}",
         "topic read $SYS/#",
         "",
+        "# The fleet's services (user name = certificate CN = client id): what each uses.",
+        *(line for grant in grants for line in [*grant.lines(), ""]),
         "# Devices (user name = certificate CN = device id): their own subtree only.",
         *device_rules(),
     ]

@@ -1,9 +1,15 @@
 """The managed Mosquitto's settings, and the ``mosquitto.conf`` written from them.
 
 What keeps devices apart is fixed, not configurable: TLS with a client certificate from
-the fleet CA on every connection, the certificate's CN as the MQTT user name, no anonymous
-clients, an ACL that denies what it does not grant (:mod:`fleet_server.broker.acl`) and a
-CRL. Option names follow mosquitto.conf(5) of Mosquitto 2.0.
+the fleet CA on every connection, the certificate's CN as the MQTT user name *and* client
+id (a client can't take over another's session), no anonymous clients, an ACL that denies
+what it does not grant (:mod:`fleet_server.broker.acl`) and a CRL. Option names follow
+mosquitto.conf(5) of Mosquitto 2.0.
+
+Mosquitto 2.0's limits are global, not per listener or per client kind: the fleet
+services' own subscriptions (the ingest's shared subscription above all) queue under the
+same limits as a device. They are sized for ingest at 1,000 devices and bound what one
+device can make the broker hold (``docs/adr/0005-broker-identity-and-limits.md``).
 """
 
 from __future__ import annotations
@@ -70,20 +76,39 @@ class MosquittoConfig(Section):
         1024 * 1024,
         ge=20,
         le=268_435_455,
-        description="Largest MQTT packet in bytes; a client sending a larger one is disconnected.",
+        description="Largest MQTT packet in bytes, either way; a client sending a larger one "
+        "is disconnected. 1 MiB holds the largest device message (512 KiB payload limit, a "
+        "decision upload with base64 thumbnails) and a fetch response (256 KiB chunk) with "
+        "topic and properties; it also bounds one message a device can make the broker "
+        "hold (Mosquitto 2.0's message_size_limit is deprecated for this option).",
     )
     max_connections: int = Field(
         10_000, ge=1, description="Most clients connected to the listener at once."
     )
     max_inflight_messages: int = Field(
-        20, ge=1, le=65535, description="QoS 1/2 messages in flight to one client."
+        20,
+        ge=1,
+        le=65535,
+        description="QoS 1/2 messages in flight to one client (not yet acknowledged); an "
+        "MQTT 5 client's smaller Receive Maximum wins. Bounds what a device that never "
+        "acknowledges holds in flight.",
     )
     max_queued_messages: int = Field(
         100_000,
         ge=1,
         description="QoS 1/2 messages queued for one client beyond those in flight. The "
         "ingest's shared subscription must absorb a fleet's burst while a worker catches "
-        "up (Mosquitto's default of 1000 dropped heartbeats at 1,000 devices).",
+        "up (Mosquitto's default of 1000 dropped heartbeats at 1,000 devices). Global: a "
+        "device's queue (its directive, fetch responses it asked for) has the same bound.",
+    )
+    max_queued_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="Bytes of QoS 1/2 payload queued for one client beyond those in flight "
+        "(0: no limit); past it new messages for that client are dropped. Measured: with "
+        "no limit a device whose fetch responses were not read, or ingest stalled, queued "
+        "400 MB. 256 MiB holds the ingest's 100,000-message burst at 2.6 KB a message "
+        "(heartbeats, states, telemetry are well below) and bounds one client's queue.",
     )
     max_keepalive: int = Field(
         300, ge=10, le=65535, description="Longest keepalive (s) granted to MQTT 5 clients."
@@ -177,6 +202,7 @@ def mosquitto_conf(config: MosquittoConfig, run_as: str | None = None) -> str:
         f"max_packet_size {config.max_packet_size}",
         f"max_inflight_messages {config.max_inflight_messages}",
         f"max_queued_messages {config.max_queued_messages}",
+        f"max_queued_bytes {config.max_queued_bytes}",
         f"max_keepalive {config.max_keepalive}",
         f"persistent_client_expiration {config.persistent_client_expiration}",
         f"persistence {'true' if config.persistence else 'false'}",
@@ -197,6 +223,7 @@ def mosquitto_conf(config: MosquittoConfig, run_as: str | None = None) -> str:
         f"crlfile {config.crlfile}",
         "require_certificate true",
         "use_identity_as_username true",
+        "use_username_as_clientid true",
         f"tls_version {config.tls_version}",
     ]
     return "\n".join(lines) + "\n"

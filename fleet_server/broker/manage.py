@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -74,8 +74,11 @@ def find_mosquitto(binary: str) -> Path:
 class ManagedBroker:
     """One Mosquitto process run from a :class:`MosquittoConfig`."""
 
-    def __init__(self, config: MosquittoConfig) -> None:
+    def __init__(self, config: MosquittoConfig, services: Sequence[str] = ()) -> None:
+        """``services``: the fleet services that connect with their own identity
+        (:func:`fleet_server.broker.acl.service_grant`), written into the ACL."""
         self.config = config
+        self.services = list(services)
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._cond = threading.Condition()
@@ -108,7 +111,9 @@ class ManagedBroker:
         try:
             make_dirs(cfg.state_dir, mode=0o700)
             make_dirs(cfg.data_dir, mode=0o700)
-            write_durable(cfg.acl_path, acl_text(cfg.fleet_identity).encode(), mode=0o600)
+            write_durable(
+                cfg.acl_path, acl_text(cfg.fleet_identity, self.services).encode(), mode=0o600
+            )
             conf = mosquitto_conf(cfg, run_as=pwd.getpwuid(os.geteuid()).pw_name)
             write_durable(cfg.conf_path, conf.encode(), mode=0o600)
         except OSError as exc:

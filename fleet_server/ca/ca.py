@@ -32,7 +32,15 @@ from cryptography.hazmat.primitives.serialization import (
 
 from fleet_server.ca import _certs, _state
 from fleet_server.ca._certs import Kind
-from fleet_server.ca.names import BROKER_NAME, FLEET_IDENTITY, CAError, NameRefused, check_name
+from fleet_server.ca.names import (
+    BROKER_NAME,
+    FLEET_IDENTITY,
+    SERVICE_PREFIX,
+    CAError,
+    NameRefused,
+    check_name,
+    is_service_name,
+)
 from fleet_server.errors import PassphraseError
 from fleet_server.repository._files import make_dirs, write_durable
 from fleet_server.repository.keys import MIN_PASSPHRASE_CHARS, Passphrases
@@ -228,14 +236,20 @@ class FleetCA:
     def issue_service(
         self, name: str = FLEET_IDENTITY, *, valid_days: int = 365
     ) -> tuple[bytes, Issued]:
-        """A key (unencrypted PKCS#8 PEM) and client certificate for a fleet service.
+        """A key (unencrypted PKCS#8 PEM) and client certificate for a fleet service:
+        the fleet server's own identity, or one service's (``fleet:<service>``).
 
         Raises:
-            NameRefused: ``name`` is not a reserved service identity.
+            NameRefused: ``name`` is not a service identity.
             CAError: a CA failure.
         """
-        if name != FLEET_IDENTITY:
-            raise NameRefused(str(self.path), name, f"the service identity is {FLEET_IDENTITY!r}")
+        if name != FLEET_IDENTITY and not is_service_name(name):
+            raise NameRefused(
+                str(self.path),
+                name,
+                f"a service identity is {FLEET_IDENTITY!r} or {SERVICE_PREFIX}<service> "
+                "(1-32 of a-z 0-9 -, a letter first)",
+            )
         key = _certs.new_key()
         return _key_pem(key), self._issue(name, key.public_key(), "service", valid_days)
 

@@ -8,6 +8,8 @@ the fleet's own identities.
 
 from __future__ import annotations
 
+import re
+
 from agent.wire import topics
 from fleet_server.errors import FleetError
 
@@ -16,6 +18,16 @@ FLEET_IDENTITY = "fleet-server"
 BROKER_NAME = "edgefleet-broker"
 """CN of the broker's server certificate."""
 RESERVED_NAMES = frozenset({FLEET_IDENTITY, BROKER_NAME})
+SERVICE_PREFIX = "fleet:"
+"""A fleet service's CN is ``fleet:<service>`` (``fleet:files``, ``fleet:ingest-0``): the
+``:`` is in no device id, so no device certificate can carry it."""
+_SERVICE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+
+def is_service_name(name: str) -> bool:
+    """Whether ``name`` is a fleet service CN: ``fleet:`` and 1-32 of a-z 0-9 - (a letter
+    first)."""
+    return name.startswith(SERVICE_PREFIX) and bool(_SERVICE.match(name[len(SERVICE_PREFIX) :]))
 
 
 class CAError(FleetError):

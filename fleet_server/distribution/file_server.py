@@ -23,6 +23,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.mqttguard import MqttGuard
 from agent.wire import topics
 from agent.wire.fetch import (
     MAX_CHUNK,
@@ -37,6 +38,7 @@ from agent.wire.fetch import (
     response_properties,
 )
 from fleet_server.errors import FleetError
+from fleet_server.health import PartHealth
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ class ServerStats:
     max_chunk: int = 0
     not_found: int = 0
     refused: int = 0
+    failed: int = 0
+    """Requests whose handler raised (answered with an error when the id was readable)."""
     publish_failures: int = 0
     recent: deque[Served] = field(default_factory=lambda: deque(maxlen=RECENT))
 
@@ -101,6 +105,7 @@ class MqttFileServer:
         password: str | None = None,
         keepalive_s: int = 30,
         tls_context: ssl.SSLContext | None = None,
+        check_s: float = 1.0,
     ) -> None:
         self.repo_dir = Path(repo_dir)
         self.host, self.port = host, port
@@ -116,10 +121,12 @@ class MqttFileServer:
         if tls_context is not None:
             client.tls_set_context(tls_context)
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
+        guard = MqttGuard("file-server", check_s=check_s)
+        client.on_connect = guard.wrap("on_connect", self._on_connect)
+        client.on_disconnect = guard.wrap("on_disconnect", self._on_disconnect)
+        client.on_subscribe = guard.wrap("on_subscribe", self._on_subscribe)
+        client.on_message = guard.wrap("on_message", self._on_message, answer=self._answer_failure)
+        self.guard = guard
         self._client = client
 
     @property
@@ -139,8 +146,12 @@ class MqttFileServer:
         if self._started:
             return
         self._started = True
-        self._client.connect_async(self.host, self.port, self.keepalive_s, clean_start=True)
-        self._client.loop_start()
+        self.guard.start(
+            self._client,
+            lambda: self._client.connect_async(
+                self.host, self.port, self.keepalive_s, clean_start=True
+            ),
+        )
         if not self._ready.wait(timeout_s):
             self.stop()
             raise FileServerError(
@@ -153,6 +164,7 @@ class MqttFileServer:
         if not self._started:
             return
         self._started = False
+        self.guard.stop()
         self._client.disconnect()
         self._client.loop_stop()
         self._ready.clear()
@@ -183,7 +195,37 @@ class MqttFileServer:
             f.seek(offset)
             return f.read(min(max_len, MAX_CHUNK)), size
 
+    def health(self) -> PartHealth:
+        """Ok while the network thread runs and the server is connected and subscribed;
+        the detail counts requests served and failed."""
+        stats = self.stats
+        detail: dict[str, Any] = {
+            "connected": self.ready,
+            "requests": stats.requests,
+            "chunks": stats.chunks,
+            "refused": stats.refused,
+            "not_found": stats.not_found,
+            "failed": stats.failed,
+            "publish_failures": stats.publish_failures,
+            **self.guard.snapshot(),
+        }
+        if self._last_error:
+            detail["error"] = self._last_error
+        return PartHealth(self._started and self.ready and self.guard.thread_alive, detail)
+
     # -- paho callbacks (network thread) ------------------------------------------
+
+    def _answer_failure(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        """After the handler raised: an error answer when the request's id can be read."""
+        self.stats.failed += 1
+        device_id = topics.device_of(msg.topic)
+        request_id = request_id_of(bytes(msg.payload))
+        if request_id is not None:
+            self._answer(
+                device_id,
+                "",
+                FetchResponse(request_id, STATUS_ERROR, reason="the server failed on this request"),
+            )
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
         self.stats.requests += 1

@@ -29,6 +29,7 @@ from fleet_server.broker import (
     ManagedBroker,
     MosquittoConfig,
     acl_text,
+    identity,
     mosquitto_conf,
 )
 from fleet_server.ca import FleetCA, NameRefused, make_device_key_and_csr
@@ -40,9 +41,11 @@ from tests.fleet.tls_peers import (
     bypass_certificate,
     enroll,
     make_ca,
+    save_identity,
 )
 
 NOT_AUTHORIZED = 0x87
+SERVICES = identity.services_for(2)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     ca = make_ca(directory)
     for device in ("dev-a", "dev-b"):
         enroll(ca, directory, device)
+    for service in SERVICES:
+        key_pem, issued = ca.issue_service(identity.service_cn(service))
+        save_identity(directory, f"svc-{service}", key_pem, issued.cert_pem)
     bypass_certificate(ca, directory, "#", "cn-hash")
     bypass_certificate(ca, directory, "+", "cn-plus")
     bypass_certificate(ca, directory, "dev-b/install", "cn-slash")
@@ -73,7 +79,7 @@ def _config(pki: Pki, state_dir: Path, **extra: Any) -> MosquittoConfig:
 
 @pytest.fixture(scope="module")
 def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedBroker]:
-    managed = ManagedBroker(_config(pki, tmp_path_factory.mktemp("broker")))
+    managed = ManagedBroker(_config(pki, tmp_path_factory.mktemp("broker")), services=SERVICES)
     managed.start()
     yield managed
     managed.stop()
@@ -183,19 +189,24 @@ def test_subscribing_to_another_devices_topics_receives_nothing(connect: Any, pa
 # --- identities the ACL patterns must not be fooled by -----------------------------------
 
 
-@pytest.mark.parametrize("client_id", ["#", "+", "dev-b/#"])
-def test_client_id_with_wildcards_gets_no_access_even_with_a_valid_certificate(
+@pytest.mark.parametrize("client_id", ["#", "+", "dev-b/#", "dev-b"])
+def test_client_id_with_wildcards_is_replaced_by_the_certificate_name(
     connect: Any, client_id: str
 ) -> None:
+    """use_username_as_clientid: whatever client id a device sends, it is its CN, with
+    its own rights and nobody else's."""
     fleet = connect("fleet-server")
     fleet.subscribe(f"{topics.PREFIX}/devices/#")
     sneaky = connect("dev-a", client_id)
     sneaky.subscribe(f"{topics.PREFIX}/#")
-    for topic in (topics.state("dev-a"), topics.state("dev-b"), topics.directive("dev-b")):
+    assert not sneaky.publish(topics.state("dev-a"), b"own").is_failure
+    for topic in (topics.state("dev-b"), topics.directive("dev-b")):
         assert sneaky.publish(topic, b"attack").value == NOT_AUTHORIZED
     fleet.publish(topics.directive("dev-b"), b"for dev-b")
     fleet.publish(topics.directive("dev-a"), b"for dev-a")
-    assert sneaky.flush() == []
+    got = sneaky.flush()
+    assert (topics.directive("dev-a"), b"for dev-a") in got
+    assert all("dev-b" not in t for t, _ in got), got
     assert all(p != b"attack" for _, p in fleet.flush())
 
 
@@ -265,9 +276,10 @@ def test_last_will_marks_only_the_devices_own_availability(
 
 
 def test_fleet_server_reads_device_reports_on_a_shared_subscription(connect: Any) -> None:
-    workers = [connect("fleet-server", f"ingest-{i}") for i in range(2)]
+    workers = [connect(f"svc-ingest-{i}") for i in range(2)]
+    group = identity.new_group()
     for worker in workers:
-        codes = worker.subscribe(topics.shared("ingest", topics.device_filter(topics.heartbeat)))
+        codes = worker.subscribe(topics.shared(group, topics.device_filter(topics.heartbeat)))
         assert not codes[0].is_failure
     dev_a = connect("dev-a")
     for i in range(10):
@@ -419,7 +431,9 @@ def test_mosquitto_pub_to_another_device_is_not_authorized_and_mosquitto_sub_see
         assert "RC:135" in out, out
         assert "Not authorized" in out, out
         out = _pub(pki, broker, "dev-a", topics.state("dev-a"), "-i", "#")
-        assert "RC:135" in out, f"client id '#' must get no access: {out}"
+        # the client id '#' is replaced by the CN: dev-a, on its own topic
+        assert "RC:135" not in out, f"client id '#' must be dev-a: {out}"
+        assert "PUBACK" in out, out
         out = _pub(pki, broker, "fleet-server", topics.fetch_response("dev-b"))
         assert "RC:135" not in out, out
         assert "PUBACK" in out, out

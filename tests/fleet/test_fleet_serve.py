@@ -128,7 +128,17 @@ def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
 ) -> None:
     proc, url, mqtt, state = served
     health = wait_healthy(url, proc, tmp_path / "serve.log")
+    services = health.pop("services")
     assert health == {"status": "ok", "database": True, "broker": True, "rollouts": True}
+    assert isinstance(services, dict)
+    assert {n: s["ok"] for n, s in services.items()} == {
+        "files": True,
+        "rollouts": True,
+        "ingest-0": True,
+    }
+    files = services["files"]["detail"]
+    assert files["thread_alive"] is True
+    assert files["connected"] is True
 
     # a device enrolls over the API and reaches the broker with what it got
     token = http("POST", f"{url}/api/v1/devices/cam-1/tokens", {}, token=OPERATOR_TOKEN)

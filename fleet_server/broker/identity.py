@@ -1,0 +1,151 @@
+"""Who the fleet's own services are on the broker, and the ingest group's secret name.
+
+The managed Mosquitto takes a client's certificate CN as its user name *and* its client
+id (``use_identity_as_username`` + ``use_username_as_clientid``): no client can take over
+another's session by reusing its client id. So every connection the fleet makes holds its
+own certificate: ``fleet:files`` (the bundle file server), ``fleet:rollouts`` (the rollout
+publisher), ``fleet:ingest-<i>`` (ingest worker ``i``, a stable CN: its persistent
+session survives a restart). The ``:`` keeps these names apart from every device id
+(:func:`agent.wire.topics.is_device_id` refuses it, and so does the CA for a device).
+
+The ingest workers share one subscription group (``$share/<group>/...``). Mosquitto 2.0's
+ACL file grants every subscription and checks read access only at delivery, so a device
+that names the group takes a share of every device's messages (which it may not read:
+they are dropped). The group name is therefore a secret: generated here (128 bits),
+kept in the server's state directory, never sent to a device. See
+``docs/adr/0005-broker-identity-and-limits.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+
+from fleet_server.ca.names import SERVICE_PREFIX, is_service_name
+from fleet_server.errors import FleetError
+from fleet_server.repository._files import make_dirs, write_durable
+
+FILES = "files"
+ROLLOUTS = "rollouts"
+INGEST = "ingest"
+GROUP_FILE = "ingest-group"
+"""The file under the server's state directory that keeps the generated group name."""
+GROUP_BYTES = 16
+"""Random bytes in a generated group name (128 bits)."""
+MIN_GROUP_CHARS = 16
+MIN_GROUP_DISTINCT = 10
+_GROUP = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class IdentityError(FleetError):
+    """A service identity or the ingest group can't be made or read.
+
+    Attributes:
+        reason: what is wrong.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"fleet identity: {reason}")
+
+
+def service_cn(service: str) -> str:
+    """The certificate CN (= MQTT user name = client id) of fleet service ``service``.
+
+    Raises:
+        IdentityError: ``service`` is not 1-32 of a-z 0-9 - starting with a letter.
+    """
+    if not is_service_name(SERVICE_PREFIX + service):
+        raise IdentityError(f"service name {service!r} is not 1-32 of a-z 0-9 - (a letter first)")
+    return SERVICE_PREFIX + service
+
+
+def is_service_cn(name: str) -> bool:
+    """Whether ``name`` is a fleet service's CN (``fleet:<service>``)."""
+    return is_service_name(name)
+
+
+def ingest_service(index: int) -> str:
+    """The service name of ingest worker ``index`` (``ingest-<index>``)."""
+    return f"{INGEST}-{index}"
+
+
+def services_for(ingest_workers: int) -> list[str]:
+    """The service names a fleet server with ``ingest_workers`` workers connects as."""
+    return [FILES, ROLLOUTS, *(ingest_service(i) for i in range(ingest_workers))]
+
+
+def identity_paths(identity_dir: Path, service: str) -> tuple[Path, Path]:
+    """Where the certificate and key of ``service`` are kept (``svc-<service>.crt/.key``)."""
+    service_cn(service)  # checks the name
+    return identity_dir / f"svc-{service}.crt", identity_dir / f"svc-{service}.key"
+
+
+def guessable_group(group: str) -> str:
+    """Why ``group`` is too easy to guess for a shared-subscription group ("" if it is not).
+
+    A configured group must look random: at least :data:`MIN_GROUP_CHARS` characters of
+    which at least :data:`MIN_GROUP_DISTINCT` differ ("ingest", "fleet-ingest-group",
+    "aaaaaaaaaaaaaaaa" are refused).
+    """
+    if len(group) < MIN_GROUP_CHARS:
+        return f"{len(group)} characters (at least {MIN_GROUP_CHARS})"
+    if len(set(group)) < MIN_GROUP_DISTINCT:
+        return f"{len(set(group))} distinct characters (at least {MIN_GROUP_DISTINCT})"
+    return ""
+
+
+def new_group() -> str:
+    """A fresh secret group name: ``ingest-`` and 32 hex digits (128 random bits)."""
+    return f"{INGEST}-{secrets.token_hex(GROUP_BYTES)}"
+
+
+def ingest_group(state_dir: Path, configured: str | None = None) -> str:
+    """The ingest workers' shared-subscription group.
+
+    ``configured`` (from ``[ingest] group``) wins; else the name kept in
+    ``state_dir/ingest-group``, generated (and written durably, mode 0600) at the first
+    call. The same name across restarts keeps the workers' persistent sessions on one group.
+
+    Raises:
+        IdentityError: the kept name is unreadable or malformed, or can't be written.
+    """
+    if configured is not None:
+        return configured
+    path = state_dir / GROUP_FILE
+    try:
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    except OSError as exc:
+        raise IdentityError(f"cannot read {path}: {exc}") from exc
+    if kept:
+        if not _GROUP.match(kept) or guessable_group(kept):
+            raise IdentityError(f"{path} does not hold a generated group name; delete it")
+        return kept
+    group = new_group()
+    try:
+        make_dirs(state_dir, mode=0o700)
+        write_durable(path, f"{group}\n".encode(), mode=0o600)
+    except OSError as exc:
+        raise IdentityError(f"cannot write {path}: {exc}") from exc
+    return group
+
+
+__all__ = [
+    "FILES",
+    "GROUP_FILE",
+    "INGEST",
+    "ROLLOUTS",
+    "SERVICE_PREFIX",
+    "IdentityError",
+    "guessable_group",
+    "identity_paths",
+    "ingest_group",
+    "ingest_service",
+    "is_service_cn",
+    "new_group",
+    "service_cn",
+    "services_for",
+]
