@@ -18,16 +18,19 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from agent.actions.config import ActionsConfig
 from agent.capture.config import CameraConfig
-from agent.configbase import Section
+from agent.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section
 from agent.decisionlog.config import DecisionLogConfig
 from agent.errors import ConfigError
 from agent.fleetlink.config import FleetConfig
 from agent.http import HttpConfig
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
+from agent.readlimit import read_at_most
 from agent.sensors.config import SensorConfig
 from agent.uplink.config import UplinkConfig
 from agent.wire.messages import MAX_THUMBNAIL_BYTES
+from agent.wire.topics import is_device_id
+from agent.wire.untrusted import PayloadTooLarge
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,11 +38,37 @@ else:
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A configuration file larger than this (1 MiB) is refused before it is read whole."""
+
+
+def check_state_dir(path: Path) -> Path:
+    """``path`` when it is a directory, or can be made one (its nearest existing ancestor
+    is a directory).
+
+    Raises:
+        ValueError: it, or an ancestor, exists and is not a directory.
+    """
+    if path.exists() or path.is_symlink():
+        if not path.is_dir():
+            raise ValueError(f"{path} exists and is not a directory")
+        return path
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{path} can't be created: {parent} is not a directory")
+            break
+    return path
+
+
 class AgentSection(Section):
     """Who this device is and where it keeps its data."""
 
     device_id: str = Field(
-        default_factory=socket.gethostname, description="Device id (default: host name)."
+        default_factory=socket.gethostname,
+        validate_default=True,
+        description="Device id (default: host name): 1-64 of A-Z a-z 0-9 _ . -, starting "
+        "with a letter or digit (one MQTT topic level: no '/', '#' or '+').",
     )
     state_dir: Path = Field(
         Path("/var/lib/edgefleet"),
@@ -50,6 +79,7 @@ class AgentSection(Section):
     disk_budget_mb: float | None = Field(
         None,
         gt=0,
+        le=MAX_MB,
         description="The device's one disk budget (MiB) for the state directory: the decision "
         "log with its thumbnails ([decision_log] budget_mb) and the outbox ([uplink] "
         "outbox_max_mb) must fit in it together; staged bundles use what is left.",
@@ -58,14 +88,32 @@ class AgentSection(Section):
         "info", description="Log level of the agent process."
     )
 
+    @field_validator("device_id")
+    @classmethod
+    def _device_id(cls, value: str) -> str:
+        if not is_device_id(value):
+            shown = value if len(value) <= 80 else f"{value[:80]}... ({len(value)} characters)"
+            raise ValueError(
+                f"{shown!r} is not a device id (1-64 of A-Z a-z 0-9 _ . -, starting with a "
+                "letter or digit; no '/', '#', '+' or spaces)"
+            )
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir(cls, value: Path) -> Path:
+        return check_state_dir(value)
+
 
 class RuntimeSection(Section):
     """Overrides of the firmware profile's worker pool settings."""
 
-    workers: int | None = Field(None, ge=1, description="Worker processes (default: profile).")
+    workers: int | None = Field(
+        None, ge=1, le=MAX_WORKERS, description="Worker processes (default: profile), 1-256."
+    )
     pin: bool = Field(True, description="Pin each worker to one core.")
     heartbeat_timeout_s: float = Field(
-        5.0, gt=0, description="A worker silent this long between requests is replaced."
+        5.0, gt=0, le=3600, description="A worker silent this long between requests is replaced."
     )
 
 
@@ -106,7 +154,10 @@ class PipelineConfig(_BundleRef):
         None, description="Rules for this pipeline (default: the line's, then the bundle's)."
     )
     deadline_ms: float | None = Field(
-        None, gt=0, description="Drop a frame whose inference would start later than this."
+        None,
+        gt=0,
+        le=MAX_TIMEOUT_S * 1000,
+        description="Drop a frame whose inference would start later than this.",
     )
 
 
@@ -260,7 +311,7 @@ def parse_config(data: dict[str, Any], path: str = "", base: Path | None = None)
         errors = e.errors()
         first = errors[0]
         field = _dotted(tuple(first["loc"]))
-        reason = first["msg"]
+        reason = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             reason = "unknown key"
         if len(errors) > 1:
@@ -278,11 +329,17 @@ def load_config(path: Path) -> AgentConfig:
         ConfigError: the file is missing, not TOML, or not a valid configuration.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_at_most(path, MAX_CONFIG_BYTES, "configuration").decode("utf-8")
     except OSError as e:
         raise ConfigError(str(path), "", f"can't read: {e.strerror or e}") from None
+    except PayloadTooLarge as e:
+        raise ConfigError(str(path), "", f"{e.size} bytes, over the limit of {e.limit}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), "", f"not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except RecursionError:
+        raise ConfigError(str(path), "", "not valid TOML: nested too deep") from None
+    except ValueError as e:  # TOMLDecodeError, and an integer too long to convert
         raise ConfigError(str(path), "", f"not valid TOML: {e}") from None
     return parse_config(data, str(path), path.resolve().parent)

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.configbase import Section
+from agent.configbase import MAX_TIMEOUT_S, Section
 from agent.secrets import read_secret
 
 PLACEHOLDERS = frozenset({"line", "source", "outcome"})
@@ -64,6 +64,7 @@ class _ActionBase(Section):
     max_age_s: float | None = Field(
         None,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description=(
             "An event that waited longer than this in the action's queue is dropped "
             "(counted `dropped`) instead of reaching the robot late; unset: no limit."

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from agent.configbase import Section
+from agent.configbase import MAX_MB, MAX_QUEUE, Section
 
 ThumbnailMode = Literal["non-pass", "all", "none"]
 
@@ -32,6 +32,7 @@ class DecisionLogConfig(Section):
     thumbnail_max_bytes: int = Field(
         48_000,
         ge=1_000,
+        le=16 * 1024 * 1024,
         description="Largest JPEG kept; the quality is stepped down until it fits.",
     )
     jpeg_quality: int = Field(85, ge=10, le=100, description="First JPEG quality tried.")
@@ -47,6 +48,7 @@ class DecisionLogConfig(Section):
     queue_bound: int = Field(
         20_000,
         ge=1,
+        le=MAX_QUEUE,
         description="Records that may wait for the writer; more are dropped and counted.",
     )
     append_timeout_s: float = Field(
@@ -58,6 +60,7 @@ class DecisionLogConfig(Section):
     thumbnail_queue_mb: float = Field(
         64,
         gt=0,
+        le=4096,
         description=(
             "Bytes of images that may wait for the writer; a record over it is logged "
             "without its thumbnail (counted as thumbnails_dropped)."
@@ -66,10 +69,11 @@ class DecisionLogConfig(Section):
     budget_mb: float = Field(
         512,
         gt=0,
+        le=MAX_MB,
         description="Disk budget of database, WAL and thumbnails together, in MiB.",
     )
     max_age_days: float = Field(
-        30, gt=0, description="Uploaded decisions older than this are deleted."
+        30, gt=0, le=36_500, description="Uploaded decisions older than this are deleted."
     )
     retention_interval_s: float = Field(
         5.0,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from agent.configbase import Section
+from agent.configbase import MAX_TIMEOUT_S, Section
 from agent.installer import InstallerConfig
 from agent.mqtt_config import LocalMqttConfig
 
@@ -31,7 +31,9 @@ class FleetConfig(Section):
     hardware_class: str | None = Field(
         None, description="Hardware class directives must name (default: the profile name)."
     )
-    fetch_timeout_s: float = Field(10.0, gt=0, description="Timeout of one chunk request.")
+    fetch_timeout_s: float = Field(
+        10.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one chunk request."
+    )
     installer: InstallerConfig = Field(
         default_factory=InstallerConfig, description="Install checks and health window."
     )

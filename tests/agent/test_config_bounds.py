@@ -1,0 +1,126 @@
+"""Bad local configuration is refused at load, naming the file and the field: ids that
+can't be a topic level, numbers out of any sane range, a state_dir that is a file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import MAX_CONFIG_BYTES, load_config
+from agent.configbase import MAX_MB
+from agent.errors import ConfigError
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "agent.toml"
+    text = f'[agent]\nstate_dir = "state"\n{body}' if "[agent]" not in body else body
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_plain_config_loads(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, 'device_id = "cam-01.line_2"\n'))
+    assert cfg.agent.device_id == "cam-01.line_2"
+    assert cfg.agent.state_dir == tmp_path / "state"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ('device_id = "a/b"\n', "agent.device_id", "is not a device id"),
+        ('device_id = "line#1"\n', "agent.device_id", "is not a device id"),
+        ('device_id = "+"\n', "agent.device_id", "is not a device id"),
+        ('device_id = ""\n', "agent.device_id", "is not a device id"),
+        (f'device_id = "{"x" * 10_000}"\n', "agent.device_id", "10000 characters"),
+        ("disk_budget_mb = 1e30\n", "agent.disk_budget_mb", f"less than or equal to {MAX_MB}"),
+        ("disk_budget_mb = nan\n", "agent.disk_budget_mb", "finite number"),
+        ("disk_budget_mb = inf\n", "agent.disk_budget_mb", "finite number"),
+        ("[runtime]\nworkers = 100000\n", "runtime.workers", "less than or equal to 256"),
+        ("[runtime]\nworkers = 0\n", "runtime.workers", "greater than or equal to 1"),
+        ("[runtime]\nheartbeat_timeout_s = -1\n", "runtime.heartbeat_timeout_s", "greater"),
+        ("[runtime]\nheartbeat_timeout_s = inf\n", "runtime.heartbeat_timeout_s", "finite"),
+        ("[decision_log]\nbudget_mb = 1e30\n", "decision_log.budget_mb", "less than"),
+        ("[decision_log]\nmax_age_days = 1e300\n", "decision_log.max_age_days", "less than"),
+        ("[decision_log]\nflush_interval_s = nan\n", "decision_log.flush_interval_s", "finite"),
+        ("[decision_log]\nqueue_bound = 10000000000\n", "decision_log.queue_bound", "less"),
+        ("[mqtt]\nport = 70000\n", "mqtt.port", "less than or equal to 65535"),
+        ("[mqtt]\nport = 0\n", "mqtt.port", "greater than or equal to 1"),
+        ("[uplink]\nbroker_port = -1\n", "uplink.broker_port", "greater than or equal to 1"),
+        ("[uplink]\nheartbeat_interval_s = -inf\n", "uplink.heartbeat_interval_s", "finite"),
+        ("[uplink]\noutbox_max_mb = 1e30\n", "uplink.outbox_max_mb", "less than"),
+        ("[fleet]\nfetch_timeout_s = 1e300\n", "fleet.fetch_timeout_s", "less than"),
+        ("[fleet.installer]\nhealth_window_s = nan\n", "fleet.installer.health_window_s", "finite"),
+        ("[fleet.installer]\nrun_timeout_s = 1e9\n", "fleet.installer.run_timeout_s", "less"),
+    ],
+)
+def test_out_of_range_values_are_refused_naming_file_and_field(
+    tmp_path: Path, body: str, field: str, words: str
+) -> None:
+    path = _write(tmp_path, body)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.path == str(path)
+    assert info.value.field == field
+    assert words in info.value.reason
+    assert len(str(info.value)) < 400
+
+
+def test_a_state_dir_that_is_a_file_is_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("not a directory")
+    path = _write(tmp_path, "")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (info.value.path, info.value.field) == (str(path), "agent.state_dir")
+    assert "exists and is not a directory" in info.value.reason
+
+
+def test_a_state_dir_under_a_file_is_refused_and_one_that_can_be_made_is_taken(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "blocker").write_text("x")
+    path = _write(tmp_path, '[agent]\nstate_dir = "blocker/state"\n')
+    with pytest.raises(ConfigError, match=r"can't be created: .*blocker is not a directory"):
+        load_config(path)
+    path = _write(tmp_path, '[agent]\nstate_dir = "new/deeper/state"\n')
+    assert load_config(path).agent.state_dir == tmp_path / "new/deeper/state"
+    assert not (tmp_path / "new").exists()  # checking makes nothing
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\xff\xfe[agent]\n", "not UTF-8"),
+        (b"a = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "not valid TOML"),
+        (b"a = " + b"9" * 5000 + b"\n", "not valid TOML"),
+        (b"# " + b"x" * MAX_CONFIG_BYTES + b"\n", "over the limit"),
+    ],
+)
+def test_files_that_are_not_small_utf8_toml_are_one_config_error(
+    tmp_path: Path, content: bytes, words: str
+) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.path == str(path)
+    assert words in info.value.reason
+
+
+def test_check_config_reports_a_bad_field_in_one_line_and_fails(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[agent]\ndevice_id = "a/b"\nstate_dir = "s"\n[runtime]\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert str(path) in lines[0]
+    assert "agent.device_id" in lines[0]
