@@ -131,6 +131,24 @@ class Batch:
         self.rejected.append((topic, reason, payload))
         self._rejected_from.append(len(self.sources) - 1)
 
+    def add_parsed(self, topic: str, payload: bytes, records: Sequence[Timed]) -> None:
+        """Add records already parsed from ``payload`` (one message of ``topic``), as
+        :meth:`add` would: device times checked, each record remembered with its
+        message. For a caller that validated the message itself (a replay, a test)."""
+        self.sources.append((topic, payload))
+        for record in records:
+            if isinstance(record, ReportedState):
+                self.states.append((record.device_id, record))
+                self._entries.setdefault("states", []).append(
+                    _Entry((record.device_id, record), len(self.sources) - 1)
+                )
+                continue
+            kind = _KINDS[type(record)]
+            if self._put(
+                kind, record, f"row {record.id}" if isinstance(record, DecisionRow) else ""
+            ):
+                getattr(self, kind).append(record)
+
     def _put(self, kind: str, record: Timed, key: str = "") -> bool:
         """Add a record of the message being added (False: set aside, times out of
         bounds)."""
@@ -365,6 +383,15 @@ def _add_install_state(batch: Batch, device_id: str, payload: bytes, max_bytes: 
     if batch._put("events", event):
         batch.events.append(event)
 
+
+_KINDS: dict[type, str] = {
+    Heartbeat: "heartbeats",
+    Health: "health",
+    Telemetry: "telemetry",
+    DecisionRow: "decisions",
+    ThumbnailUpload: "thumbnails",
+    Event: "events",
+}
 
 _Add = Callable[[Batch, str, bytes, int], None]
 _HANDLERS: tuple[tuple[Callable[[str], str], _Add], ...] = (

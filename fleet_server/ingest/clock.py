@@ -65,14 +65,14 @@ class ClockBounds:
             raise ClockSkew(
                 field,
                 value,
-                f"is {value - now:.0f} s ahead of the server's clock "
+                f"is {value - now:.6g} s ahead of the server's clock "
                 f"(max_clock_skew_s {self.max_future_s:g})",
             )
         if value < now - self.max_past_s:
             raise ClockSkew(
                 field,
                 value,
-                f"is {now - value:.0f} s behind the server's clock "
+                f"is {now - value:.6g} s behind the server's clock "
                 f"(max_clock_age_s {self.max_past_s:g})",
             )
 
