@@ -11,12 +11,14 @@ from agent.decisionlog.schema import NOT_UPLOADED, QUEUED, UPLOADED
 from agent.decisionlog.writer import (
     ALARM_CORRUPT,
     ALARM_EVICTED_UNUPLOADED,
+    ALARM_FOREIGN,
     ALARM_WRITE_FAILED,
 )
 
 __all__ = [
     "ALARM_CORRUPT",
     "ALARM_EVICTED_UNUPLOADED",
+    "ALARM_FOREIGN",
     "ALARM_WRITE_FAILED",
     "NOT_UPLOADED",
     "QUEUED",

@@ -24,6 +24,7 @@ from agent.decisionlog.retention import Retention
 from agent.decisionlog.schema import NOT_UPLOADED, QUEUED, UPLOADED
 from agent.decisionlog.writer import (
     ALARM_CORRUPT,
+    ALARM_FOREIGN,
     Command,
     Item,
     Stats,
@@ -43,8 +44,9 @@ class DecisionLog:
     """One SQLite decision log under ``state_dir``; see docs/decision-log.md.
 
     ``on_alarm(kind, message)`` is called (from the opening thread or the writer thread)
-    when the log was corrupt and moved aside, when un-uploaded decisions had to be
-    deleted for the disk budget, and when a batch could not be written.
+    when the log was corrupt (or not a decision log at all) and moved aside, when
+    un-uploaded decisions had to be deleted for the disk budget, and when a batch could
+    not be written.
     """
 
     def __init__(
@@ -75,8 +77,8 @@ class DecisionLog:
         return self.state_dir / self.config.path
 
     def open(self) -> None:
-        """Check the file (moving a corrupt one aside), migrate, apply retention, start
-        the writer thread.
+        """Check the file (moving aside a corrupt one, one that is not a regular file, or
+        a database of another schema), migrate, apply retention, start the writer thread.
 
         Raises:
             DecisionLogError: already open, or the file can't be created or set up.
@@ -88,16 +90,22 @@ class DecisionLog:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise DecisionLogError(f"can't create the directory of {path}: {e}") from e
+        odd = integrity.not_a_file(path)
+        if odd is not None:
+            self._move_aside(path, integrity.NOT_A_FILE, ALARM_FOREIGN, f"is {odd}")
         for stray in integrity.move_stray_side_files(path):
             log.warning("moved %s, left without its database, aside", stray)
         problem = integrity.check(path)
         if problem is not None:
-            moved = integrity.move_aside(path)
-            self._alarm(
-                ALARM_CORRUPT,
-                f"decision log {path} failed its integrity check ({problem}); "
-                f"moved to {moved.name} and started a new one",
+            self._move_aside(
+                path, integrity.CORRUPT, ALARM_CORRUPT, f"failed its integrity check ({problem})"
             )
+        else:
+            other = integrity.foreign(path)
+            if other is not None:
+                self._move_aside(
+                    path, integrity.FOREIGN, ALARM_FOREIGN, f"is not a decision log ({other})"
+                )
         conn = connect_writer(path)
         try:
             applied = schema.migrate(conn)
@@ -284,6 +292,12 @@ class DecisionLog:
             count,
             record.id,
             self._stats.dropped,
+        )
+
+    def _move_aside(self, path: Path, why: str, alarm: str, what: str) -> None:
+        moved = integrity.move_aside(path, why)
+        self._alarm(
+            alarm, f"decision log {path} {what}; moved to {moved.name} and started a new one"
         )
 
     def _alarm(self, kind: str, message: str) -> None:

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 ALARM_CORRUPT = "decision_log_corrupt"
 ALARM_EVICTED_UNUPLOADED = "decision_log_evicted_unuploaded"
+ALARM_FOREIGN = "decision_log_foreign"
+"""The path held something that is not a decision log (not a regular file, or another
+schema); it was moved aside like a corrupt one."""
 ALARM_WRITE_FAILED = "decision_log_write_failed"
 
 _UPDATE_CHUNK = 500
