@@ -155,3 +155,45 @@ def test_an_image_uploaded_by_another_device_is_not_served_with_the_decision(
     shown = api.call("GET", f"/api/v1/decisions/{row.id}").body
     assert (shown["image"], shown["image_width"]) == (None, None)
     assert [r["image"] for r in api.call("GET", "/api/v1/decisions").body["rows"]] == [None]
+
+
+def test_two_devices_with_the_same_decision_id_each_get_their_own_row_review_and_image(
+    api: RunningApi,
+) -> None:
+    fleet = Fleet()
+    fleet.add_device(api.ctx.engine, "d1")
+    fleet.add_device(api.ctx.engine, "d2")
+    mine = decision("d1", T0, outcome="reject", outputs={"count": 1, "boxes": [BOX]})
+    theirs = mine.model_copy(update={"device_id": "d2", "outcome": "pass"})  # the same id
+    store_rows(api.ctx.engine, fleet, [mine])
+    store_rows(api.ctx.engine, fleet, [theirs])  # stored too: ids are per device
+    upload(api, "d1", mine.id, thumbnail([BOX["box"]], (640, 480), seed=1))
+    rows = api.call("GET", "/api/v1/decisions").body["rows"]
+    assert sorted((r["device_id"], r["outcome"], r["image"] is not None) for r in rows) == [
+        ("d1", "reject", True),
+        ("d2", "pass", False),
+    ]
+    path = f"/api/v1/decisions/{mine.id}"
+    for device_id, outcome in (("d1", "reject"), ("d2", "pass")):
+        shown = api.call("GET", f"{path}?device={device_id}").body
+        assert (shown["device_id"], shown["outcome"]) == (device_id, outcome)
+        assert shown["path"] == f"{path}?device={device_id}"
+    ambiguous = api.call("GET", path)
+    assert ambiguous.status == 400
+    assert ambiguous.body["detail"].startswith("device: decision id")
+    assert "d1, d2" in ambiguous.body["detail"]
+    assert api.call("GET", f"{path}?device=d3").status == 404
+    assert fetch(api.url + path + "/image?device=d1", BEARER)[0] == 200
+    assert api.call("GET", f"{path}/image?device=d2").status == 404  # d1's is not d2's
+
+    reviewed = api.call(
+        "POST", f"{path}/review?device=d2", {"verdict": "override", "outcome": "reject"}
+    )
+    assert reviewed.status == 200, reviewed.body
+    assert api.call("GET", f"{path}?device=d1").body["review"] is None
+    assert api.call("GET", f"{path}?device=d2").body["review"]["outcome"] == "reject"
+    labels = api.call("GET", "/api/v1/labels").body["labels"]
+    assert [(lb["device_id"], lb["label"]) for lb in labels] == [("d2", "reject")]
+
+
+BEARER = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
