@@ -34,6 +34,7 @@ from fleet_server.ingest.clock import ClockBounds
 from fleet_server.ingest.failures import RetryPolicy, classify
 from fleet_server.ingest.health import register_health
 from fleet_server.ingest.sqlsink import SqlSink
+from fleet_server.review import DecisionFilter, get_decision, list_decisions
 from tests.broker import Broker
 from tests.fleet.test_sqlsink import Publisher, _row
 
@@ -388,3 +389,17 @@ def test_health_fails_while_a_message_waits_too_long_and_when_the_worker_stopped
     stopped = registry.check()["ingest-0"]
     assert not stopped.ok
     assert "worker thread not running" in stopped.detail["problems"]
+
+
+def test_rows_stored_with_absurd_times_before_the_bounds_still_list_and_show(db: Engine) -> None:
+    absurd = [
+        store.DecisionRecord(f"id-{n}", "dev-a", ts, "cam1", "pass", "cls", "1", {"line": "3"})
+        for n, ts in enumerate((1e300, 1e-300, NOW))
+    ]
+    assert store.insert_decisions(db, absurd) == 3
+    page = list_decisions(db, DecisionFilter(), limit=2)
+    assert [r.ts for r in page.rows] == [1e300, NOW]
+    assert page.next_cursor is not None
+    rest = list_decisions(db, DecisionFilter(), after=page.next_cursor, limit=2)
+    assert [r.ts for r in rest.rows] == [1e-300]
+    assert get_decision(db, "id-0").summary.ts == 1e300
