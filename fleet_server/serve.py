@@ -138,6 +138,7 @@ class _ApiThread:
             log_config=None,
             lifespan="off",
             limit_concurrency=http.max_concurrency,
+            proxy_headers=False,  # the app applies [auth] trusted_proxies itself
             timeout_graceful_shutdown=int(http.shutdown_timeout_s) or 1,
         )
         self.server = uvicorn.Server(config)

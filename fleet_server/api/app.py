@@ -25,6 +25,7 @@ from fleet_server.api.context import ServerContext
 from fleet_server.api.decisions import decisions_router
 from fleet_server.api.devices import devices_router
 from fleet_server.api.enroll import enroll_router
+from fleet_server.api.forwarded import ForwardedMiddleware
 from fleet_server.api.login import login_router
 from fleet_server.api.models import HealthOut, ServiceHealthOut, error_responses
 from fleet_server.api.ports import ActionRefused
@@ -41,6 +42,7 @@ from fleet_server.auth import (
     WeakPassword,
 )
 from fleet_server.auth.deps import Gate, install
+from fleet_server.auth.proxies import parse_networks
 from fleet_server.broker import BrokerError
 from fleet_server.ca import CAError, NameRefused
 from fleet_server.db import RolloutConflict, StorageError, TokenRejected
@@ -125,6 +127,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
         BodyLimitMiddleware,
         limit_for=body_limit_for(http.max_small_body_bytes, http.max_body_bytes),
     )
+    app.add_middleware(ForwardedMiddleware, trusted=parse_networks(ctx.config.auth.trusted_proxies))
 
     install(app, Gate(AuthService(ctx.engine, ctx.config.auth), ctx.operator_token))
     unauthorized = error_responses(

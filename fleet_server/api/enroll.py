@@ -3,15 +3,22 @@
 
 The token is consumed, the certificate issued and the device stored in one database
 transaction: a refused CSR leaves the token unused, and a used token issues nothing.
+Anyone may call it, so the body goes through :func:`agent.wire.untrusted.loads_object`
+(size, depth, numbers, NUL and lone surrogates) before the model sees it: 400 naming
+what was wrong.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from agent.wire.enroll import ENROLL_PATH, BrokerInfo, EnrollRequest, EnrollResponse
+from agent.wire.untrusted import UntrustedInputError, loads_object
 from fleet_server.api.context import ServerContext
 from fleet_server.api.models import error_responses
 from fleet_server.ca import CAError
@@ -19,6 +26,22 @@ from fleet_server.db import store
 from fleet_server.repository import Repository
 
 log = logging.getLogger(__name__)
+
+MAX_ENROLL_BODY = 64 * 1024
+"""A token and a CSR (at most 16 KiB of PEM) with room to spare."""
+
+
+async def enroll_request(request: Request) -> EnrollRequest:
+    """Dependency: the body as an :class:`EnrollRequest` (400 naming what was wrong)."""
+    body = await request.body()
+    try:
+        data = loads_object(body, what="the enrollment request", max_bytes=MAX_ENROLL_BODY)
+    except UntrustedInputError as exc:
+        raise HTTPException(400, str(exc)) from None
+    try:
+        return EnrollRequest.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
 
 
 def trust_root(repo: Repository) -> str:
@@ -41,8 +64,14 @@ def enroll_router(ctx: ServerContext) -> APIRouter:
             e403="Token unknown, used or expired; CSR refused",
             e503="Repository or CA not available",
         ),
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": EnrollRequest.model_json_schema()}},
+            }
+        },
     )
-    def enroll(req: EnrollRequest) -> EnrollResponse:
+    def enroll(req: Annotated[EnrollRequest, Depends(enroll_request)]) -> EnrollResponse:
         """Consume the token, sign the CSR (CN = the token's device id), register the device."""
         root = trust_root(ctx.repository)
         days = ctx.config.enrollment.device_cert_days

@@ -10,7 +10,6 @@ another site can't sign a browser in as someone else. See docs/users-and-roles.m
 
 from __future__ import annotations
 
-import json
 import math
 import urllib.parse
 from typing import Annotated, Any
@@ -19,6 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
+from agent.wire.untrusted import UntrustedInputError, loads_object
 from fleet_server.api.models import ApiModel, error_responses
 from fleet_server.auth import csrf
 from fleet_server.auth.deps import (
@@ -79,12 +79,9 @@ async def _credentials(request: Request) -> tuple[str, str]:
     fields: dict[str, Any]
     if media == "application/json":
         try:
-            data = json.loads(body)
-        except ValueError:
-            raise HTTPException(400, "the body is not JSON") from None
-        if not isinstance(data, dict):
-            raise HTTPException(400, "the body is not a JSON object")
-        fields = data
+            fields = loads_object(body, what="the sign-in body", max_bytes=MAX_LOGIN_BODY)
+        except UntrustedInputError as exc:
+            raise HTTPException(400, str(exc)) from None
     elif media == csrf.FORM_TYPE:
         try:
             pairs = urllib.parse.parse_qsl(body.decode("utf-8"), max_num_fields=20)
@@ -108,6 +105,8 @@ def login_router() -> APIRouter:
     @router.post(
         "/login",
         responses=error_responses(
+            e400="The body is not a JSON object (too deep, too large, NUL or a lone "
+            "surrogate in a string: named) or the fields are not strings",
             e401="Wrong user name or password (not told apart)",
             e403="Cross-site request",
             e415="Neither JSON nor a URL-encoded form",

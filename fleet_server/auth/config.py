@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from agent.configbase import Section
+from fleet_server.auth.proxies import parse_networks
 
 
 class AuthSection(Section):
@@ -28,7 +29,7 @@ class AuthSection(Section):
     cookie_secure: Literal["auto", "always"] = Field(
         "auto",
         description="'auto': the session cookie is marked Secure when the request came over "
-        "HTTPS (directly or through a reverse proxy on loopback that sends "
+        "HTTPS (directly, or through one of trusted_proxies that sends "
         "X-Forwarded-Proto); 'always': always marked Secure (browsers then send it only "
         "over HTTPS).",
     )
@@ -37,6 +38,28 @@ class AuthSection(Section):
         ge=1,
         le=100,
         description="Failed sign-ins for one user name from one address before a lockout.",
+    )
+    login_max_failures_per_address: int = Field(
+        20,
+        ge=1,
+        le=10_000,
+        description="Failed sign-ins from one address (an IPv6 /64), whatever the names, "
+        "before that address is locked out.",
+    )
+    login_max_failures_per_user: int = Field(
+        50,
+        ge=1,
+        le=10_000,
+        description="Failed sign-ins for one user name, from any address, before that name "
+        "is locked out everywhere (it slows guessing from many addresses; kept well above "
+        "login_max_failures so that one guesser can't easily lock a user out).",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description='Reverse proxies (addresses or CIDR blocks, e.g. "127.0.0.1/32") whose '
+        "X-Forwarded-For and X-Forwarded-Proto are believed: the client is the rightmost "
+        "X-Forwarded-For entry that is not itself a trusted proxy. Empty (the default): "
+        "forwarded headers are ignored and the client is the connection's peer.",
     )
     login_lockout_s: int = Field(
         60,
@@ -58,6 +81,12 @@ class AuthSection(Section):
             parts = urllib.parse.urlsplit(origin)
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
                 raise ValueError(f"{origin!r} is not an origin like https://fleet.example:8443")
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        parse_networks(value)
         return value
 
     @model_validator(mode="after")

@@ -79,7 +79,8 @@ class Gate:
         self.operator_token = operator_token
 
     def client(self, request: Request) -> str:
-        """The client's address (uvicorn applies X-Forwarded-For from trusted proxies)."""
+        """The client's address: the peer, or what a trusted proxy forwarded
+        (``[auth] trusted_proxies``, applied by fleet_server.api.forwarded)."""
         return _client(request)
 
     def origin_refusal(self, request: Request) -> str | None:

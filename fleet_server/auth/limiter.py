@@ -1,4 +1,5 @@
-"""Failed sign-ins counted per (user name, client address), with a short lockout.
+"""Failed sign-ins counted per (user name, client address), per address and per user
+name, each with a short lockout (:class:`SignInThrottle`).
 
 Pure bookkeeping: the caller passes the time. After ``max_failures`` failures in a row
 for one pair, that pair is locked out for ``lockout_s``; each further lockout within
@@ -6,8 +7,15 @@ for one pair, that pair is locked out for ``lockout_s``; each further lockout wi
 success clears the pair. Keyed by the pair, a guesser can't lock a user out from
 everywhere; a user name guessed at from many addresses is still slowed at each one.
 
-The table lives in memory, per fleet-server process, and holds at most
-:data:`MAX_ENTRIES` pairs (the least recently failed go first): a restart forgets it.
+The pair alone would let one address guess at every user, and many addresses (or a
+spoofed ``X-Forwarded-For``, see :mod:`fleet_server.auth.proxies`) guess at one user
+without end, so :class:`SignInThrottle` also counts failures per address (an IPv6 /64)
+whatever the name, and per name from anywhere, with higher thresholds. A success clears
+only its pair: an address can't reset its count by signing in to an account of its own.
+
+The tables live in memory, per fleet-server process, and hold at most
+:data:`MAX_ENTRIES` keys each (the least recently failed go first): a restart forgets
+them.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from fleet_server.auth.proxies import throttle_key
 
 MAX_ENTRIES = 10_000
 MAX_LOCKOUT_S = 900.0
@@ -78,3 +88,38 @@ class LoginLimiter:
         """Forget the pair's failures."""
         with self._lock:
             self._entries.pop((username, client), None)
+
+
+class SignInThrottle:
+    """The three counts a sign-in goes through: (name, address), address, name."""
+
+    PER_ADDRESS = ""
+    """The user-name slot of an address's own count ('' is never a user name)."""
+    ANY_ADDRESS = "*"
+    """The address slot of a name's own count (never an address)."""
+
+    def __init__(
+        self, max_failures: int, lockout_s: float, *, per_address: int, per_user: int
+    ) -> None:
+        self.pairs = LoginLimiter(max_failures, lockout_s)
+        self.addresses = LoginLimiter(per_address, lockout_s)
+        self.users = LoginLimiter(per_user, lockout_s)
+
+    def _keys(self, username: str, client: str) -> list[tuple[LoginLimiter, str, str]]:
+        return [
+            (self.pairs, username, client),
+            (self.addresses, self.PER_ADDRESS, throttle_key(client)),
+            (self.users, username, self.ANY_ADDRESS),
+        ]
+
+    def locked_for(self, username: str, client: str, now: float) -> float:
+        """Seconds until this name may try from this address (0.0: now)."""
+        return max(lim.locked_for(u, c, now) for lim, u, c in self._keys(username, client))
+
+    def failed(self, username: str, client: str, now: float) -> float:
+        """Count a failure on all three; the longest lockout it starts (0.0 for none)."""
+        return max(lim.failed(u, c, now) for lim, u, c in self._keys(username, client))
+
+    def succeeded(self, username: str, client: str) -> None:
+        """Forget the pair's failures (the address's and the name's counts stay)."""
+        self.pairs.succeeded(username, client)

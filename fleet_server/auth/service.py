@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 
 from fleet_server.auth.config import AuthSection
 from fleet_server.auth.errors import AuthError, LoginLocked, LoginRefused
-from fleet_server.auth.limiter import LoginLimiter
+from fleet_server.auth.limiter import SignInThrottle
 from fleet_server.auth.passwords import PasswordHasher
 from fleet_server.auth.sessions import (
     Session,
@@ -24,6 +24,17 @@ from fleet_server.auth.sessions import (
 from fleet_server.auth.users import get_user, replace_hash
 
 log = logging.getLogger(__name__)
+
+
+def _storable(text: str) -> bool:
+    """No NUL and valid Unicode: what a name can be looked up by and a password hashed."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -48,14 +59,20 @@ class AuthService:
         self.engine = engine
         self.settings = settings
         self.hasher = hasher or PasswordHasher()
-        self.limiter = LoginLimiter(settings.login_max_failures, settings.login_lockout_s)
+        self.limiter = SignInThrottle(
+            settings.login_max_failures,
+            settings.login_lockout_s,
+            per_address=settings.login_max_failures_per_address,
+            per_user=settings.login_max_failures_per_user,
+        )
         self.clock = clock
 
     def login(self, username: str, password: str, client: str) -> SignedIn:
         """Check the password of ``username`` and start a session.
 
         Raises:
-            LoginLocked: too many failures for this name from ``client``; nothing checked.
+            LoginLocked: too many failures for this name from ``client``, from ``client``
+                or for this name; nothing checked.
             LoginRefused: unknown or disabled user, or wrong password (not told apart).
             AuthBusy: too many password checks at once.
             StorageError: the database can't be read or written.
@@ -64,6 +81,11 @@ class AuthService:
         locked = self.limiter.locked_for(username, client, now)
         if locked > 0:
             raise LoginLocked(locked)
+        if not (_storable(username) and _storable(password)):
+            self.limiter.failed(username, client, now)
+            log.warning("failed sign-in from %s: NUL or a lone surrogate in the name or password",
+                        client)  # fmt: skip
+            raise LoginRefused
         try:
             user = get_user(self.engine, username)
         except AuthError as exc:

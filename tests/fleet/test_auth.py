@@ -341,8 +341,11 @@ def test_without_an_operator_token_configured_only_users_get_in(
 def test_the_cookie_is_secure_over_https_or_when_the_config_says_always(
     start_api: StartApi, api_lite: RunningApi, tmp_path: Path
 ) -> None:
-    via_proxy = Browser(api_lite.url, extra={"X-Forwarded-Proto": "https"})
-    reply = via_proxy.login("olga")  # uvicorn trusts X-Forwarded-Proto from loopback
+    proxied = start_api(
+        sqlite_url(tmp_path / "proxied.db"), auth=AuthSection(trusted_proxies=["127.0.0.1/32"])
+    )
+    via_proxy = Browser(proxied.url, extra={"X-Forwarded-Proto": "https"})
+    reply = via_proxy.login("olga")  # [auth] trusted_proxies names loopback
     assert reply.status == 200, reply.body
     assert reply.cookie()[COOKIE_NAME]["secure"] is True
     always = start_api(sqlite_url(tmp_path / "always.db"), auth=AuthSection(cookie_secure="always"))
