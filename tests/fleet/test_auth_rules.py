@@ -89,5 +89,7 @@ def test_the_documented_auth_section_is_a_valid_config() -> None:
     (block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.DOTALL)
     cfg = parse_config(tomllib.loads(block), "docs/users-and-roles.md")
     assert cfg.auth.trusted_origins == ["https://fleet.plant.example"]
+    assert cfg.auth.trusted_proxies == ["127.0.0.1/32"]
+    assert (cfg.http.max_small_body_bytes, cfg.http.max_body_bytes) == (65536, 1048576)
     with pytest.raises(ConfigError, match=r"auth\.session_idle_s"):
         parse_config({"auth": {"session_idle_s": 5}}, "x.toml")
