@@ -52,6 +52,7 @@ class MqttGuard:
         self._restarts = 0
         self._client: mqtt.Client | None = None
         self._connect: Callable[[], object] | None = None
+        self._on_restart: Callable[[], object] | None = None
         self._loop_thread: threading.Thread | None = None
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
@@ -117,9 +118,16 @@ class MqttGuard:
 
     # -- the network thread -----------------------------------------------------------
 
-    def start(self, client: mqtt.Client, connect: Callable[[], object]) -> None:
+    def start(
+        self,
+        client: mqtt.Client,
+        connect: Callable[[], object],
+        on_restart: Callable[[], object] | None = None,
+    ) -> None:
         """``connect()`` (e.g. ``client.connect_async(...)``), start paho's network
-        thread and the watcher that restarts it when it dies.
+        thread and the watcher that restarts it when it dies; ``on_restart`` is called
+        (on the watcher's thread) before each restart, e.g. to mark the owner not ready
+        until it is subscribed again.
 
         Raises:
             RuntimeError: already started, or paho refused to start its thread.
@@ -127,6 +135,7 @@ class MqttGuard:
         if self._watcher is not None:
             raise RuntimeError(f"{self.name}: the MQTT guard is already started")
         self._client, self._connect = client, connect
+        self._on_restart = on_restart
         self._stop.clear()
         self._start_loop()
         self._watcher = threading.Thread(
@@ -177,6 +186,8 @@ class MqttGuard:
                 continue  # paho is still clearing its dead thread: next look
             log.error("%s: paho's network thread died; connecting again", self.name)
             try:
+                if self._on_restart is not None:
+                    self._on_restart()
                 self._start_loop()
             except Exception:  # the watcher must outlive a failed restart: next look
                 log.exception("%s: restarting the network thread failed", self.name)

@@ -258,8 +258,9 @@ class IngestSection(Section):
         description="Shared-subscription group ($share/<group>/...). A secret: a device "
         "that names it takes a share of every device's messages (Mosquitto 2.0 grants "
         "every subscription). Default: a name of 128 random bits the server generates "
-        "and keeps in state_dir/ingest-group. A name given here must look random (at "
-        "least 16 characters, 10 of them different) unless allow_guessable_group is set.",
+        "and keeps in state_dir/ingest-group. A name given here must look random (a part "
+        "of 16+ letters and digits, both kinds, 10 different characters) unless "
+        "allow_guessable_group is set.",
     )
     allow_guessable_group: bool = Field(
         False,

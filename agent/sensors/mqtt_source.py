@@ -79,6 +79,7 @@ class MqttSensor(SensorSource):
             lambda: client.connect_async(
                 self.broker.host, self.broker.port, self.broker.keepalive_s
             ),
+            on_restart=lambda: self._set_up(False, "MQTT thread died; reconnecting"),
         )
 
     def stop(self, timeout_s: float = 2.0) -> None:

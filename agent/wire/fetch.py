@@ -46,6 +46,7 @@ Status = Literal["ok", "not-found", "error"]
 _STATUSES: dict[str, Status] = {"ok": "ok", "not-found": "not-found", "error": "error"}
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ID_FIELD = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
 _MAX_PATH = 1024
 
 
@@ -148,7 +149,12 @@ def request_id_of(payload: bytes) -> str | None:
     try:
         raw = untrusted.loads(payload, what="fetch request", max_bytes=MAX_REQUEST_BYTES)
     except untrusted.UntrustedInputError:
-        return None
+        # Not JSON this protocol takes (too deep, a lone surrogate, a huge number): the id
+        # may still stand as text. Read, not parsed; used only to address the error answer.
+        if len(payload) > MAX_REQUEST_BYTES:
+            return None
+        found = _ID_FIELD.findall(payload)
+        return found[0].decode() if len(found) == 1 else None
     value = raw.get("id") if isinstance(raw, dict) else None
     return value if isinstance(value, str) and _ID.match(value) else None
 

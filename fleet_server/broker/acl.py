@@ -87,7 +87,8 @@ def service_grant(service: str) -> ServiceGrant:
     if service == identity.ROLLOUTS:
         return ServiceGrant(service, writes=(topics.device_filter(topics.directive),))
     if service.startswith(f"{identity.INGEST}-") and service[len(identity.INGEST) + 1 :].isdigit():
-        return ServiceGrant(service, reads=tuple(topics.device_filter(t) for t in DEVICE_WRITES))
+        reports = (t for t in DEVICE_WRITES if t is not topics.fetch_request)
+        return ServiceGrant(service, reads=tuple(topics.device_filter(t) for t in reports))
     raise ValueError(f"{service!r} is not a fleet service (files, rollouts, ingest-<i>)")
 
 
@@ -110,7 +111,7 @@ def acl_text(fleet_identity: str, services: Sequence[str] = ()) -> str:
         f"topic readwrite {topics.fleet_filter()}",
         "topic read $SYS/#",
         "",
-        "# The fleet's services (user name = certificate CN = client id): what each uses.",
+        "# The fleet's services (user name = certificate CN): only what each uses.",
         *(line for grant in grants for line in [*grant.lines(), ""]),
         "# Devices (user name = certificate CN = device id): their own subtree only.",
         *device_rules(),

@@ -1,10 +1,11 @@
 """The managed Mosquitto's settings, and the ``mosquitto.conf`` written from them.
 
 What keeps devices apart is fixed, not configurable: TLS with a client certificate from
-the fleet CA on every connection, the certificate's CN as the MQTT user name *and* client
-id (a client can't take over another's session), no anonymous clients, an ACL that denies
-what it does not grant (:mod:`fleet_server.broker.acl`) and a CRL. Option names follow
-mosquitto.conf(5) of Mosquitto 2.0.
+the fleet CA on every connection, the certificate's CN as the MQTT user name (and, with
+``clientid_is_identity``, as the client id: no client can take over another's session),
+no anonymous clients, an ACL that denies what it does not grant
+(:mod:`fleet_server.broker.acl`) and a CRL. Option names follow mosquitto.conf(5) of
+Mosquitto 2.0.
 
 Mosquitto 2.0's limits are global, not per listener or per client kind: the fleet
 services' own subscriptions (the ingest's shared subscription above all) queue under the
@@ -71,6 +72,16 @@ class MosquittoConfig(Section):
         "fleet-server",
         description="CN of the fleet server's client certificate; the only identity that "
         "may read and write every device's topics.",
+    )
+    clientid_is_identity: bool = Field(
+        False,
+        description="use_username_as_clientid: a client's id is its certificate's CN, so "
+        "no client can take over another's session (a device naming a service's or "
+        "another device's client id gets its own CN instead). Every connection then needs "
+        "its own certificate: the fleet services have one each, but an agent still opens "
+        "up to three connections with its one device certificate (uplink, update link, "
+        "bundle fetcher), which would take over each other's session; so off until the "
+        "agent holds one connection (docs/adr/0005-broker-identity-and-limits.md).",
     )
     max_packet_size: int = Field(
         1024 * 1024,
@@ -223,7 +234,7 @@ def mosquitto_conf(config: MosquittoConfig, run_as: str | None = None) -> str:
         f"crlfile {config.crlfile}",
         "require_certificate true",
         "use_identity_as_username true",
-        "use_username_as_clientid true",
+        *(["use_username_as_clientid true"] if config.clientid_is_identity else []),
         f"tls_version {config.tls_version}",
     ]
     return "\n".join(lines) + "\n"

@@ -1,12 +1,13 @@
 """Who the fleet's own services are on the broker, and the ingest group's secret name.
 
-The managed Mosquitto takes a client's certificate CN as its user name *and* its client
-id (``use_identity_as_username`` + ``use_username_as_clientid``): no client can take over
-another's session by reusing its client id. So every connection the fleet makes holds its
-own certificate: ``fleet:files`` (the bundle file server), ``fleet:rollouts`` (the rollout
-publisher), ``fleet:ingest-<i>`` (ingest worker ``i``, a stable CN: its persistent
-session survives a restart). The ``:`` keeps these names apart from every device id
-(:func:`agent.wire.topics.is_device_id` refuses it, and so does the CA for a device).
+The managed Mosquitto takes a client's certificate CN as its user name, and with
+``clientid_is_identity`` as its client id too (``use_username_as_clientid``): then no
+client can take over another's session by reusing its client id, and every connection
+needs its own certificate. The fleet's services hold one each: ``fleet:files`` (the
+bundle file server), ``fleet:rollouts`` (the rollout publisher), ``fleet:ingest-<i>``
+(ingest worker ``i``, a stable CN: its persistent session survives a restart). The
+``:`` keeps these names apart from every device id (:func:`agent.wire.topics.is_device_id`
+refuses it, and so does the CA for a device).
 
 The ingest workers share one subscription group (``$share/<group>/...``). Mosquitto 2.0's
 ACL file grants every subscription and checks read access only at delivery, so a device
@@ -85,15 +86,25 @@ def identity_paths(identity_dir: Path, service: str) -> tuple[Path, Path]:
 def guessable_group(group: str) -> str:
     """Why ``group`` is too easy to guess for a shared-subscription group ("" if it is not).
 
-    A configured group must look random: at least :data:`MIN_GROUP_CHARS` characters of
-    which at least :data:`MIN_GROUP_DISTINCT` differ ("ingest", "fleet-ingest-group",
-    "aaaaaaaaaaaaaaaa" are refused).
+    A configured group must hold a random-looking part: between its ``-``, ``_`` and
+    ``.``, a run of at least :data:`MIN_GROUP_CHARS` letters and digits, with digits and
+    letters both, and at least :data:`MIN_GROUP_DISTINCT` different characters
+    ("ingest", "fleet-ingest-group", "aaaaaaaaaaaaaaaa" are refused; ``ingest-`` and 32
+    hex digits, or 20 characters from a password generator, are not). A heuristic: it
+    stops names a person would pick, not a bad random generator.
     """
-    if len(group) < MIN_GROUP_CHARS:
-        return f"{len(group)} characters (at least {MIN_GROUP_CHARS})"
-    if len(set(group)) < MIN_GROUP_DISTINCT:
-        return f"{len(set(group))} distinct characters (at least {MIN_GROUP_DISTINCT})"
-    return ""
+    parts = re.split(r"[-_.]", group)
+    best = max(parts, key=len)
+    if len(best) < MIN_GROUP_CHARS:
+        return f"no part of {MIN_GROUP_CHARS} letters and digits (the longest has {len(best)})"
+    for part in (p for p in parts if len(p) >= MIN_GROUP_CHARS):
+        mixed = any(c.isdigit() for c in part) and any(c.isalpha() for c in part)
+        if mixed and len(set(part)) >= MIN_GROUP_DISTINCT:
+            return ""
+    return (
+        f"no part of {MIN_GROUP_CHARS}+ characters mixes letters and digits with "
+        f"{MIN_GROUP_DISTINCT} different characters"
+    )
 
 
 def new_group() -> str:

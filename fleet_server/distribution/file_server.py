@@ -134,6 +134,10 @@ class MqttFileServer:
         """Whether connected and subscribed to the fetch requests."""
         return self._ready.is_set()
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until connected and subscribed; whether it is."""
+        return self._ready.wait(timeout_s)
+
     def start(self, timeout_s: float = 10.0) -> None:
         """Connect, subscribe, and keep reconnecting in the background.
 
@@ -151,6 +155,7 @@ class MqttFileServer:
             lambda: self._client.connect_async(
                 self.host, self.port, self.keepalive_s, clean_start=True
             ),
+            on_restart=self._ready.clear,
         )
         if not self._ready.wait(timeout_s):
             self.stop()
