@@ -49,7 +49,7 @@ def parse_bundle_target(path: str) -> tuple[str, int, str]:
     """
     match = _TARGET.match(path)
     if match is None or any(p in ("", ".", "..") for p in match["file"].split("/")):
-        raise ValueError(f"{path!r} is not bundles/<name>/<release>/<file>")
+        raise ValueError(f"{_shown(path)} is not bundles/<name>/<release>/<file>")
     return match["name"], int(match["release"]), match["file"]
 
 
@@ -118,6 +118,11 @@ class Directive:
         return now >= self.expires
 
 
+def _shown(text: str, limit: int = 120) -> str:
+    """``repr(text)``, cut to ``limit`` characters: a directive can't fill a log line."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def _custom_str(custom: dict[str, Any], key: str) -> str:
     value = custom.get(key)
     if not isinstance(value, str) or not value:
@@ -165,10 +170,10 @@ def verify_directive(
     for_device = _custom_str(custom, "device_id")
     for_class = _custom_str(custom, "hardware_class")
     if for_device != device_id:
-        raise DirectiveRefused(f"for device {for_device!r}, this is {device_id!r}")
+        raise DirectiveRefused(f"for device {_shown(for_device)}, this is {device_id!r}")
     if for_class != hardware_class:
         raise DirectiveRefused(
-            f"for hardware class {for_class!r}, this device is {hardware_class!r}"
+            f"for hardware class {_shown(for_class)}, this device is {hardware_class!r}"
         )
     if len(signed.targets) != 1:
         raise DirectiveRefused(f"names {len(signed.targets)} targets, not one manifest")
@@ -178,7 +183,7 @@ def verify_directive(
     except ValueError as exc:
         raise DirectiveRefused(str(exc)) from exc
     if file != MANIFEST_NAME:
-        raise DirectiveRefused(f"names {path!r}, not a bundle's {MANIFEST_NAME}")
+        raise DirectiveRefused(f"names {_shown(path)}, not a bundle's {MANIFEST_NAME}")
     return Directive(
         counter=signed.version,
         expires=signed.expires,

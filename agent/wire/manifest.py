@@ -279,10 +279,22 @@ def _output_problems(m: BundleManifest) -> list[str]:
     return []
 
 
+MAX_ERRORS_SHOWN = 10
+"""A refusal lists this many field errors and counts the rest: a manifest of 3,000 bad
+outputs gets a short message, not one per output."""
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters (a value repeated in an error stays short)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _error_text(exc: ValidationError) -> str:
-    """Every error as ``dotted.field: message``; union tags are left out of the path."""
+    """The first MAX_ERRORS_SHOWN errors as ``dotted.field: message`` (and how many more);
+    union tags are left out of the path."""
     parts = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_ERRORS_SHOWN]:
         loc = list(err["loc"])
         if (
             len(loc) > 1
@@ -298,9 +310,10 @@ def _error_text(exc: ValidationError) -> str:
         field = ""
         for item in loc:
             field += f"[{item}]" if isinstance(item, int) else (f".{item}" if field else str(item))
-        message = str(err["msg"]).removeprefix("Value error, ")
+        message = _short(str(err["msg"]).removeprefix("Value error, "))
         parts.append(f"{field}: {message}" if field else message)
-    return "; ".join(parts)
+    more = len(errors) - MAX_ERRORS_SHOWN
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 def manifest_object(data: bytes, source: str) -> dict[str, Any]:

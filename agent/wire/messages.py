@@ -359,13 +359,23 @@ class Event(Message):
 M = TypeVar("M", bound=Message)
 
 
+MAX_ERRORS_SHOWN = 10
+"""A refusal lists this many field errors and counts the rest: 1,000 bad rows make a
+short message, not a 500 KB one in the logs and the quarantine table."""
+
+
 def error_text(exc: ValidationError) -> str:
-    """Every error as ``dotted.field: message``."""
+    """The first MAX_ERRORS_SHOWN errors as ``dotted.field: message`` (and how many more)."""
     parts = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_ERRORS_SHOWN]:
         where = ".".join(str(p) for p in err["loc"]) or "message"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+        message = str(err["msg"])
+        if len(message) > 200:
+            message = f"{message[:200]}... ({len(message)} characters)"
+        parts.append(f"{where[:200]}: {message}")
+    more = len(errors) - MAX_ERRORS_SHOWN
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 def parse_object(

@@ -17,6 +17,10 @@ from hypothesis import strategies as st
 
 T = TypeVar("T")
 
+MAX_MESSAGE = 4096
+"""A clear error is short: one that repeats the input (or every field of 1000 rows)
+amplifies what a device sends into logs and quarantine tables."""
+
 # Text with everything: lone surrogates, NUL, astral characters.
 ANY_CHAR = st.characters(codec=None, exclude_categories=())
 TEXT = st.text(ANY_CHAR, max_size=40)
@@ -221,5 +225,7 @@ def holds(call: Callable[[], T], *allowed: type[BaseException]) -> T | None:
         event("valid")
         return result
     event(f"refused: {type(refused).__name__}")
-    assert str(refused).strip(), f"{type(refused).__name__} without a message"
+    message = str(refused)
+    assert message.strip(), f"{type(refused).__name__} without a message"
+    assert len(message) <= MAX_MESSAGE, f"{type(refused).__name__} of {len(message)} characters"
     return None

@@ -35,7 +35,13 @@ from agent.update.trust import check_root
 from agent.wire.manifest import BundleManifest, parse_manifest
 from agent.wire.topics import is_device_id
 from fleet_server.repository.bundledir import build_bundle
-from tests.security.fuzz_support import HOSTILE_SCALARS, TEXT, holds, hostile_payloads
+from tests.security.fuzz_support import (
+    HOSTILE_SCALARS,
+    MAX_MESSAGE,
+    TEXT,
+    holds,
+    hostile_payloads,
+)
 from tests.update.tuf_repo import DIRECTOR, TufRepo
 
 SHA = "0" * 64
@@ -274,3 +280,14 @@ def _numbers(value: Any) -> Iterator[float]:
     elif isinstance(value, list | tuple):
         for sub in value:
             yield from _numbers(sub)
+
+
+def test_a_directive_for_a_huge_device_name_is_refused_in_a_short_message(repo: TufRepo) -> None:
+    path = "bundles/text-cls/4/manifest.json"
+    target = TargetFile(1234, {"sha256": "ab" * 32}, path)
+    data = repo.directive(path, counter=3, device_id="d" * 60_000, target=target)
+    with pytest.raises(DirectiveRefused, match="60000 characters") as info:
+        verify_directive(
+            data, repo.targets.signed, device_id="cam-01", hardware_class="x86-gateway"
+        )
+    assert len(str(info.value)) <= MAX_MESSAGE

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.decisionlog.record import new_id
+from agent.errors import BundleError
 from agent.sensors.parse import MAX_PAYLOAD_BYTES as SENSOR_MAX
 from agent.sensors.parse import BadReading, parse_csv_row, parse_payload
 from agent.wire import compress, untrusted
@@ -31,6 +32,7 @@ from agent.wire.fetch import (
     encode_request,
     request_id_of,
 )
+from agent.wire.manifest import parse_manifest
 from agent.wire.messages import (
     MAX_PAYLOAD_BYTES,
     BundleRef,
@@ -49,6 +51,7 @@ from agent.wire.messages import (
     parse_telemetry,
 )
 from tests.security.fuzz_support import (
+    MAX_MESSAGE,
     TEXT,
     dumps,
     holds,
@@ -286,3 +289,32 @@ def test_the_biggest_hostile_inputs_stay_within_a_memory_bound(
     finally:
         tracemalloc.stop()
     assert peak < 64 * MAX_PAYLOAD_BYTES, f"{name}: {peak} bytes at peak"
+
+
+# -- refusals stay short: an error does not repeat or multiply what was sent -------------
+
+LONG = "x" * 400_000
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (
+            lambda: parse(DecisionUpload, dumps({"device_id": "d", "rows": [{}] * 1000})),
+            MessageError,
+        ),
+        (lambda: parse(Heartbeat, dumps({"device_id": LONG, "seq": 1, "ts": 1.0})), MessageError),
+        (lambda: parse(Event, dumps({**_valid(Event), "kind": LONG})), MessageError),
+        (lambda: parse_manifest(dumps({"outputs": [{"name": 1}] * 3000}), "m"), BundleError),
+        (
+            lambda: parse_manifest(dumps({"models": {"onnx": {"file": "m", "sha256": LONG}}}), "m"),
+            BundleError,
+        ),
+        (lambda: decode_request(dumps({"id": "a", "path": "p" * 4000})), FetchProtocolError),
+        (lambda: parse_payload(LONG[:60_000], ["t"], "s"), BadReading),
+    ],
+)
+def test_a_refusal_of_a_big_input_is_a_short_message(call: Any, error: type[Exception]) -> None:
+    with pytest.raises(error) as info:
+        call()
+    assert len(str(info.value)) <= MAX_MESSAGE
