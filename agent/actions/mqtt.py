@@ -26,6 +26,7 @@ from agent.actions.config import MqttAction
 from agent.actions.errors import ActionFailed, ActionTimeout
 from agent.actions.event import ActionEvent
 from agent.mqtt_config import LocalMqttConfig
+from agent.mqttguard import MqttGuard
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,10 @@ class MqttPublisher:
             client.username_pw_set(config.username, config.password())
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
         client.max_queued_messages_set(max_in_flight)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_publish = self._on_publish
+        self.guard = MqttGuard("mqtt actions")
+        client.on_connect = self.guard.wrap("on_connect", self._on_connect)
+        client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
+        client.on_publish = self.guard.wrap("on_publish", self._on_publish)
         self._client = client
 
     @property
@@ -79,16 +81,20 @@ class MqttPublisher:
         if self._started:
             return
         self._started = True
-        self._client.connect_async(
-            self.config.host, self.config.port, self.config.keepalive_s, clean_start=True
+        self.guard.start(
+            self._client,
+            lambda: self._client.connect_async(
+                self.config.host, self.config.port, self.config.keepalive_s, clean_start=True
+            ),
+            on_restart=self._connected.clear,
         )
-        self._client.loop_start()
 
     def stop(self) -> None:
         """Disconnect and stop paho's network thread (it notices within about a second)."""
         if not self._started:
             return
         self._started = False
+        self.guard.stop()
         self._client.disconnect()
         self._client.loop_stop()
         self._connected.clear()

@@ -21,6 +21,7 @@ from agent.fleetlink.config import FleetConfig
 from agent.fleetlink.link import Report, apply_directive, make_client
 from agent.identity import Identity
 from agent.installer import Installer
+from agent.mqttguard import MqttGuard
 from agent.update.fetchers import MqttFetcher
 from agent.wire import topics
 
@@ -104,8 +105,9 @@ class UpdateService:
             identity.tls_configure(self._client)
         elif m.username:
             self._client.username_pw_set(m.username, m.password())
-        self._client.on_connect = self._on_connect
-        self._client.on_message = self._on_message
+        self.guard = MqttGuard("update link")
+        self._client.on_connect = self.guard.wrap("on_connect", self._on_connect)
+        self._client.on_message = self.guard.wrap("on_message", self._on_message)
         self._client.reconnect_delay_set(1, 10)
 
     def _broker(self) -> tuple[str, int]:
@@ -115,8 +117,10 @@ class UpdateService:
 
     def start(self) -> None:
         host, port = self._broker()
-        self._client.connect_async(host, port, keepalive=self.cfg.mqtt.keepalive_s)
-        self._client.loop_start()
+        self.guard.start(
+            self._client,
+            lambda: self._client.connect_async(host, port, keepalive=self.cfg.mqtt.keepalive_s),
+        )
         self._thread = threading.Thread(target=self._loop, name="fleet-updates", daemon=True)
         self._thread.start()
 
@@ -125,6 +129,7 @@ class UpdateService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self.guard.stop()
         self._client.disconnect()
         self._client.loop_stop()
 

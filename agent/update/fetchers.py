@@ -28,6 +28,7 @@ from tuf.api.exceptions import DownloadError, DownloadHTTPError, SlowRetrievalEr
 from tuf.ngclient.fetcher import FetcherInterface
 
 from agent.mqtt_config import LocalMqttConfig
+from agent.mqttguard import MqttGuard
 from agent.wire import topics
 from agent.wire.fetch import (
     MAX_CHUNK,
@@ -193,11 +194,12 @@ class MqttFetcher(FetcherInterface):
         elif tls_context is not None:
             client.tls_set_context(tls_context)
         client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
-        client.on_publish = self._on_publish
+        self.guard = MqttGuard(f"fetcher {device_id}")
+        client.on_connect = self.guard.wrap("on_connect", self._on_connect)
+        client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
+        client.on_subscribe = self.guard.wrap("on_subscribe", self._on_subscribe)
+        client.on_message = self.guard.wrap("on_message", self._on_message)
+        client.on_publish = self.guard.wrap("on_publish", self._on_publish)
         self._client = client
 
     @classmethod
@@ -219,14 +221,20 @@ class MqttFetcher(FetcherInterface):
         if self._started:
             return
         self._started = True
-        self._client.connect_async(self.host, self.port, self.keepalive_s, clean_start=True)
-        self._client.loop_start()
+        self.guard.start(
+            self._client,
+            lambda: self._client.connect_async(
+                self.host, self.port, self.keepalive_s, clean_start=True
+            ),
+            on_restart=self._ready.clear,
+        )
 
     def close(self) -> None:
         """Disconnect and stop the network thread; idempotent."""
         if not self._started:
             return
         self._started = False
+        self.guard.stop()
         self._client.disconnect()
         self._client.loop_stop()
         self._ready.clear()

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from agent.decisionlog import DecisionLog
 from agent.errors import AgentError
 from agent.identity import Identity
+from agent.mqttguard import MqttGuard
 from agent.uplink import decisions
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.config import UplinkConfig
@@ -150,11 +151,12 @@ class Uplink:
         )
         client.max_queued_messages_set(config.max_queued_messages)
         client.reconnect_delay_set(1, config.reconnect_max_s)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
+        self.guard = MqttGuard("uplink")
+        client.on_connect = self.guard.wrap("on_connect", self._on_connect)
+        client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
         self._client = client
         self._pub = Publisher(client, config.max_queued_messages)
-        client.on_publish = self._on_publish
+        client.on_publish = self.guard.wrap("on_publish", self._on_publish)
         self._batcher: decisions.Batcher | None = None
         self.outbox = Outbox(
             config.outbox_path(state_dir),
@@ -199,8 +201,13 @@ class Uplink:
                 self._batcher.reconcile()
             except AgentError as exc:
                 log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
-        self._client.connect_async(self.host, self.port, keepalive=self.config.keepalive_s)
-        self._client.loop_start()
+        self.guard.start(
+            self._client,
+            lambda: self._client.connect_async(
+                self.host, self.port, keepalive=self.config.keepalive_s
+            ),
+            on_restart=self._connected.clear,
+        )
         self._spawn("uplink-reports", self._reports_loop)
         self._spawn("uplink-outbox", self._drain.run)
         if self._batcher is not None:
@@ -235,6 +242,7 @@ class Uplink:
             if thread.is_alive():
                 log.error("uplink: thread %s did not stop within %.1f s", thread.name, timeout_s)
         will = ReasonCode(PacketTypes.DISCONNECT, "Disconnect with will message")
+        self.guard.stop()
         self._client.disconnect(reasoncode=will)
         self._client.loop_stop()
         self._connected.clear()
