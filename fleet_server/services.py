@@ -51,7 +51,11 @@ def service_identity(ctx: ServerContext, service: str) -> tuple[Path, Path, str]
     if ctx.managed_broker is not None:
         cert, key = identity.identity_paths(ctx.config.identity_dir, service)
         return cert, key, identity.service_cn(service)
-    return b.cert_file, b.key_file, f"fleet-{service}-{socket.gethostname()}"
+    host = socket.gethostname()
+    kind, _, index = service.partition("-")
+    # the client ids of earlier releases: an ingest worker's persistent session carries on
+    client_id = f"fleet-{kind}-{host}-{index}" if index else f"fleet-{service}-{host}"
+    return b.cert_file, b.key_file, client_id
 
 
 def _tls(ctx: ServerContext, cert: Path, key: Path) -> ssl.SSLContext:

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from agent.errors import ConfigError
 from agent.wire import topics
@@ -139,6 +141,16 @@ def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
     files = services["files"]["detail"]
     assert files["thread_alive"] is True
     assert files["connected"] is True
+    # each service connects as itself: a certificate of its own, CN fleet:<service>
+    for service in ("files", "rollouts", "ingest-0"):
+        cert = x509.load_pem_x509_certificate(
+            (state / "identity" / f"svc-{service}.crt").read_bytes()
+        )
+        cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+        assert cn == f"fleet:{service}"
+    group = (state / "ingest-group").read_text().strip()
+    assert group.startswith("ingest-")
+    assert len(group) == len("ingest-") + 32
 
     # a device enrolls over the API and reaches the broker with what it got
     token = http("POST", f"{url}/api/v1/devices/cam-1/tokens", {}, token=OPERATOR_TOKEN)
