@@ -21,7 +21,7 @@ from typing import Any
 
 from tuf.api.exceptions import UnsignedMetadataError
 from tuf.api.metadata import Metadata, Root, Targets  # type: ignore[attr-defined, unused-ignore]
-from tuf.api.serialization import DeserializationError
+from tuf.api.serialization import DeserializationError, SerializationError
 
 from agent.update.errors import DirectiveRefused
 from agent.wire import untrusted
@@ -156,7 +156,11 @@ def verify_directive(
     duplicated = duplicate_keys(trusted_targets, only=DIRECTOR_ROLE)
     if duplicated:
         raise DirectiveRefused(f"the repository's director delegation: {'; '.join(duplicated)}")
-    payload = md.signed_bytes
+    try:
+        payload = md.signed_bytes
+    except SerializationError as exc:  # a float, say: canonical JSON has none
+        why = str(exc.__cause__ or exc).rpartition(": ")[2]
+        raise DirectiveRefused(f"not canonical JSON (floats have none): {why[:120]}") from None
     try:
         trusted_targets.verify_delegate(DIRECTOR_ROLE, payload, md.signatures)
     except UnsignedMetadataError as exc:

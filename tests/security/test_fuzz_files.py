@@ -81,14 +81,14 @@ def workdir() -> Iterator[Path]:
 # -- manifests ---------------------------------------------------------------------------
 
 
-@settings(max_examples=300)
+@settings(max_examples=500)
 @given(hostile_payloads(MANIFEST))
 def test_manifests_parse_or_are_one_bundle_error(data: bytes) -> None:
     manifest = holds(lambda: parse_manifest(data, "bundle/manifest.json"), BundleError)
     assert manifest is None or isinstance(manifest, BundleManifest)
 
 
-@settings(max_examples=100)
+@settings(max_examples=150)
 @given(data=hostile_payloads(MANIFEST))
 def test_fleetctl_bundle_build_builds_or_is_one_bundle_error(workdir: Path, data: bytes) -> None:
     bundle = workdir / "bundle"
@@ -130,7 +130,7 @@ def _directive(repo: TufRepo) -> dict[str, Any]:
     return value
 
 
-@settings(max_examples=150)
+@settings(max_examples=250)
 @given(data=st.data())
 def test_directives_verify_or_are_refused(repo: TufRepo, data: st.DataObject) -> None:
     payload = data.draw(hostile_payloads(_directive(repo), max_depth=60_000))
@@ -147,7 +147,7 @@ def test_directives_verify_or_are_refused(repo: TufRepo, data: st.DataObject) ->
         assert directive.device_id == "cam-01"
 
 
-@settings(max_examples=100)
+@settings(max_examples=150)
 @given(data=st.data())
 def test_roots_check_or_are_refused(repo: TufRepo, data: st.DataObject) -> None:
     payload = data.draw(hostile_payloads(repo.root.to_dict(), max_depth=100_000))
@@ -238,7 +238,7 @@ def configs(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=250)
+@settings(max_examples=400)
 @given(
     st.one_of(
         configs(),
@@ -289,5 +289,20 @@ def test_a_directive_for_a_huge_device_name_is_refused_in_a_short_message(repo: 
     with pytest.raises(DirectiveRefused, match="60000 characters") as info:
         verify_directive(
             data, repo.targets.signed, device_id="cam-01", hardware_class="x86-gateway"
+        )
+    assert len(str(info.value)) <= MAX_MESSAGE
+
+
+def test_a_directive_holding_a_float_is_refused_not_a_serialization_crash(repo: TufRepo) -> None:
+    """Found by the fuzzer: canonical JSON has no floats, and python-tuf's SerializationError
+    escaped verify_directive."""
+    doc = _directive(repo)
+    doc["signed"]["custom"] = 0.0
+    with pytest.raises(DirectiveRefused, match="not canonical JSON") as info:
+        verify_directive(
+            json.dumps(doc).encode(),
+            repo.targets.signed,
+            device_id="cam-01",
+            hardware_class="x86-gateway",
         )
     assert len(str(info.value)) <= MAX_MESSAGE

@@ -125,7 +125,7 @@ def _valid(model: type[Message]) -> dict[str, Any]:
 # -- the untrusted JSON entry point ------------------------------------------------------
 
 
-@settings(max_examples=400)
+@settings(max_examples=800)
 @given(st.one_of(hostile_payloads({"a": [1, {"b": "c"}]}), json_values.map(dumps)))
 def test_untrusted_loads_returns_checked_json_or_refuses_it(data: bytes) -> None:
     value = holds(
@@ -136,13 +136,13 @@ def test_untrusted_loads_returns_checked_json_or_refuses_it(data: bytes) -> None
         untrusted.check_value(value, "again")  # what it returns holds its own rules
 
 
-@settings(max_examples=150)
+@settings(max_examples=300)
 @given(json_values, st.integers(1, 40))
 def test_check_value_refuses_or_accepts_any_python_value(value: Any, depth: int) -> None:
     holds(lambda: untrusted.check_value(value, "fuzz", depth), untrusted.UntrustedInputError)
 
 
-@settings(max_examples=100)
+@settings(max_examples=200)
 @given(st.text(st.characters(codec=None, exclude_categories=()), max_size=300))
 def test_untrusted_loads_takes_any_python_text(text: str) -> None:
     holds(lambda: untrusted.loads(text, what="fuzz", max_bytes=4096), untrusted.UntrustedInputError)
@@ -155,7 +155,7 @@ MODELS = [type(m) for m in VALID]
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
-@settings(max_examples=80)
+@settings(max_examples=150)
 @given(data=st.data())
 def test_every_message_model_parses_or_names_what_is_wrong(
     model: type[Message], data: st.DataObject
@@ -166,7 +166,7 @@ def test_every_message_model_parses_or_names_what_is_wrong(
         assert isinstance(message, model)
 
 
-@settings(max_examples=120)
+@settings(max_examples=200)
 @given(st.one_of(hostile_payloads(_valid(Health)), hostile_payloads(_valid(Telemetry))))
 def test_the_telemetry_topic_parses_or_names_what_is_wrong(payload: bytes) -> None:
     message = holds(lambda: parse_telemetry(payload), MessageError)
@@ -174,7 +174,7 @@ def test_the_telemetry_topic_parses_or_names_what_is_wrong(payload: bytes) -> No
         assert isinstance(message, Health | Telemetry)
 
 
-@settings(max_examples=120)
+@settings(max_examples=200)
 @given(
     st.one_of(
         hostile_payloads(_valid(DecisionUpload)).map(compress.compress),
@@ -194,7 +194,7 @@ def test_gzip_decision_uploads_inflate_within_bounds_or_are_refused(payload: byt
 VALID_REQUEST = FetchRequest(id="a1b2", path="metadata/1.root.json", offset=0, max=4096)
 
 
-@settings(max_examples=300)
+@settings(max_examples=500)
 @given(
     st.one_of(
         hostile_payloads(VALID_REQUEST.model_dump(mode="json"), max_depth=5000),
@@ -213,7 +213,7 @@ def test_fetch_requests_decode_or_are_a_protocol_error(payload: bytes) -> None:
 # -- sensor payloads ---------------------------------------------------------------------
 
 
-@settings(max_examples=300)
+@settings(max_examples=500)
 @given(
     st.one_of(
         hostile_payloads({"t": 21.5, "p": 1013}),
@@ -231,7 +231,7 @@ def test_sensor_payloads_are_readings_or_bad_readings(
         assert np.isfinite(reading).all()
 
 
-@settings(max_examples=150)
+@settings(max_examples=300)
 @given(st.lists(TEXT, max_size=5), st.integers(0, 5))
 def test_sensor_csv_rows_are_readings_or_bad_readings(row: list[str], width: int) -> None:
     columns = [0, 2][: min(2, width)] if width > 2 else [0][: min(1, width)]
