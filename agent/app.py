@@ -438,17 +438,7 @@ class Agent:
             m.set_counter(m.frames_dropped, s.frames_dropped, camera=name)
             m.set_counter(m.camera_reopens, s.reopens, camera=name)
         for name, sensor in self.sensors.items():
-            st = sensor.stats()
-            m.set_counter(m.sensor_readings, int(st.get("readings", 0)), sensor=name)
-            m.set_counter(m.sensor_bad_readings, int(st.get("bad_readings", 0)), sensor=name)
-            m.sensor_up.labels(sensor=name).set(1 if st.get("up") else 0)
-            if "silent_s" in st:
-                m.sensor_silent_seconds.labels(sensor=name).set(int(st["silent_s"]))
-                m.sensor_silent.labels(sensor=name).set(1 if st.get("silent") else 0)
-                restarts = int(st.get("thread_restarts", 0))
-                m.set_counter(m.sensor_thread_restarts, restarts, sensor=name)
-                errors = int(st.get("callback_errors", 0))
-                m.set_counter(m.sensor_callback_errors, errors, sensor=name)
+            m.update_sensor(name, sensor.stats())
         m.update_decision_log(self.log.stats())
         if self.uplink is not None:
             m.update_uplink(self.uplink.stats())

@@ -203,6 +203,21 @@ class AgentMetrics:
             if key in stats:
                 self.set_counter(counter, float(stats[key]))
 
+    def update_sensor(self, name: str, stats: Mapping[str, Any]) -> None:
+        """A sensor's figures from its ``stats()``: readings, up, and for an MQTT sensor
+        its silence and its network thread's restarts and callback errors."""
+        self.set_counter(self.sensor_readings, int(stats.get("readings", 0)), sensor=name)
+        self.set_counter(self.sensor_bad_readings, int(stats.get("bad_readings", 0)), sensor=name)
+        self.sensor_up.labels(sensor=name).set(1 if stats.get("up") else 0)
+        if "silent_s" not in stats:
+            return
+        self.sensor_silent_seconds.labels(sensor=name).set(int(stats["silent_s"]))
+        self.sensor_silent.labels(sensor=name).set(1 if stats.get("silent") else 0)
+        restarts = int(stats.get("thread_restarts", 0))
+        self.set_counter(self.sensor_thread_restarts, restarts, sensor=name)
+        errors = int(stats.get("callback_errors", 0))
+        self.set_counter(self.sensor_callback_errors, errors, sensor=name)
+
     def update_uplink(self, stats: Mapping[str, Any]) -> None:
         """Take the uplink's figures (:meth:`agent.uplink.service.Uplink.stats`)."""
         self.uplink_connected.set(float(stats.get("connected", 0)))

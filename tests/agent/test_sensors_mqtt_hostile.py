@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agent.app import _sensor_health
+from agent.metrics import AgentMetrics
 from agent.mqtt_config import LocalMqttConfig
 from agent.sensors import SensorConfig
 from agent.sensors.mqtt_source import MqttSensor
@@ -108,6 +109,10 @@ def test_a_dead_mqtt_thread_is_restarted_and_counted(
     st = sensor.stats()
     assert st["thread_restarts"] == 1
     assert st["thread_alive"] is True
+    metrics = AgentMetrics()
+    metrics.update_sensor("killed", st)
+    text = metrics.render().decode()
+    assert 'edgefleet_sensor_thread_restarts_total{sensor="killed"} 1.0' in text
 
 
 def test_a_silent_sensor_is_reported_and_a_reading_ends_the_silence(
@@ -120,6 +125,12 @@ def test_a_silent_sensor_is_reported_and_a_reading_ends_the_silence(
     assert health["silent"] is True
     assert health["up"] is True
     assert health["thread_alive"] is True
+    metrics = AgentMetrics()
+    metrics.update_sensor("quiet", sensor.stats())
+    text = metrics.render().decode()
+    assert 'edgefleet_sensor_silent{sensor="quiet"} 1.0' in text
+    assert 'edgefleet_sensor_up{sensor="quiet"} 1.0' in text
+    assert 'edgefleet_sensor_thread_restarts_total{sensor="quiet"} 0.0' in text
     since = sensor._since
     publish(mosquitto, "line/quiet", "5")
     wait_for(lambda: _readings(sensor) == 1, WAIT_S, "the reading")
