@@ -37,6 +37,7 @@ from fleet_server.review.images import (
     decision_image,
     etag,
     image_sizes,
+    image_sizes_by_device,
     image_url,
 )
 from fleet_server.review.labels import (
@@ -92,6 +93,7 @@ __all__ = [
     "export_csv",
     "get_decision",
     "image_sizes",
+    "image_sizes_by_device",
     "image_url",
     "labels_since",
     "line_of",

@@ -158,15 +158,19 @@ def decisions_by_outcome(
     return edges, counts
 
 
-def decision_outputs(engine: Engine, ids: Sequence[str]) -> dict[str, Any]:
-    """The ``outputs`` of each decision of a list page, by id (one query on the key)."""
-    if not ids:
+def decision_outputs(engine: Engine, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    """The ``outputs`` of each decision of a list page, by (device id, decision id): ids
+    are per device (one query on the ids, the pairs kept)."""
+    if not keys:
         return {}
-    query = sa.select(decisions.c.id, decisions.c.payload["outputs"]).where(
-        decisions.c.id.in_(list(ids))
+    wanted = set(keys)
+    c = decisions.c
+    query = sa.select(c.device_id, c.id, c.payload["outputs"]).where(
+        c.id.in_(sorted({i for _, i in wanted}))
     )
     with engine.connect() as conn:
-        return {str(i): o for i, o in conn.execute(query)}
+        found = {(str(d), str(i)): o for d, i, o in conn.execute(query)}
+    return {k: v for k, v in found.items() if k in wanted}
 
 
 @dataclass(frozen=True)

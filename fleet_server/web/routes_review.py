@@ -37,7 +37,7 @@ from fleet_server.review import (
     decode_cursor,
     encode_cursor,
     get_decision,
-    image_sizes,
+    image_sizes_by_device,
     image_url,
     list_decisions,
     parse_filter,
@@ -87,8 +87,8 @@ def _export_url(f: DecisionFilter) -> str:
     return "/api/v1/decisions/export.csv?" + urllib.parse.urlencode(query)
 
 
-def _picture(decision_id: str, size: tuple[int, int] | None) -> Picture | None:
-    return None if size is None else Picture(image_url(decision_id), *size)
+def _picture(decision_id: str, device_id: str, size: tuple[int, int] | None) -> Picture | None:
+    return None if size is None else Picture(image_url(decision_id, device_id), *size)
 
 
 def review_router(pages: Pages, engine: Engine) -> APIRouter:
@@ -117,14 +117,14 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
                 params | {"cursor": encode_cursor(page.next_cursor)}
             )
         pairs = queries.sites_and_lines(engine)
-        ids = [r.id for r in page.rows]
-        outputs = queries.decision_outputs(engine, ids)
-        images = image_sizes(engine, ids)
+        keys = [(r.device_id, r.id) for r in page.rows]
+        outputs = queries.decision_outputs(engine, keys)
+        images = image_sizes_by_device(engine, keys)
         thumbs = [
             draw(
-                boxes_of(outputs.get(r.id)),
-                image=_picture(r.id, images.get(r.id)),
-                frame=frame_of(outputs.get(r.id)),
+                boxes_of(outputs.get((r.device_id, r.id))),
+                image=_picture(r.id, r.device_id, images.get((r.device_id, r.id))),
+                frame=frame_of(outputs.get((r.device_id, r.id))),
                 within=THUMB,
                 label="boxes",
             )
@@ -148,16 +148,20 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         return pages.render(request, "decisions.html", values, user=user)
 
     def detail(
-        request: Request, user: Principal, decision_id: str, *, error: str = "",
-        done: str = "", back: str = "", status: int = 200,
+        request: Request, user: Principal, decision_id: str, *, device: str | None = None,
+        error: str = "", done: str = "", back: str = "", status: int = 200,
     ) -> HTMLResponse:  # fmt: skip
         try:
-            d = get_decision(engine, decision_id)
+            d = get_decision(engine, decision_id, device)
         except UnknownDecision:
             raise PageError(404, f"no decision {decision_id!r}", user=user) from None
+        except ReviewError as exc:  # an id several devices used, and no device named
+            raise PageError(400, str(exc), user=user) from None
+        device_id = d.summary.device_id
+        key = (device_id, decision_id)
         outputs = d.payload.get("outputs")
         boxes = boxes_of(outputs)
-        picture = _picture(decision_id, image_sizes(engine, [decision_id]).get(decision_id))
+        picture = _picture(decision_id, device_id, image_sizes_by_device(engine, [key]).get(key))
         frame = frame_of(outputs)
         drawing = draw(boxes, image=picture, frame=frame, label=f"decision {d.summary.id}",
                        lazy=False)  # fmt: skip
@@ -178,12 +182,17 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         return pages.render(request, "decision.html", values, user=user, status=status)
 
     @router.get("/{decision_id}")
-    def show(request: Request, decision_id: str, done: str = "", back: str = "") -> HTMLResponse:
+    def show(
+        request: Request, decision_id: str, device: str | None = None, done: str = "",
+        back: str = "",
+    ) -> HTMLResponse:  # fmt: skip
         user = signed_in_(request)
-        return detail(request, user, decision_id, done="reviewed" if done else "", back=back)
+        return detail(
+            request, user, decision_id, device=device, done="reviewed" if done else "", back=back
+        )
 
     @router.post("/{decision_id}/review")
-    async def review(request: Request, decision_id: str) -> Response:
+    async def review(request: Request, decision_id: str, device: str | None = None) -> Response:
         user, fields = await posted(request, "decisions:review")
         verdict = fields.get("verdict", "")
         outcome = fields.get("outcome", "").strip() or None
@@ -192,17 +201,24 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         back = fields.get("back", "")
         try:
             await run_in_threadpool(
-                lambda: save_review(engine, decision_id, verdict=verdict, outcome=outcome,
-                                    note=fields.get("note", ""), reviewer=user.name)
+                lambda: save_review(engine, decision_id, device_id=device, verdict=verdict,
+                                    outcome=outcome, note=fields.get("note", ""),
+                                    reviewer=user.name)
             )  # fmt: skip
         except UnknownDecision:
             raise PageError(404, f"no decision {decision_id!r}", user=user) from None
         except BadReview as exc:
             why = str(exc)
             return await run_in_threadpool(
-                lambda: detail(request, user, decision_id, error=why, back=back, status=400)
+                lambda: detail(
+                    request, user, decision_id, device=device, error=why, back=back, status=400
+                )
             )
-        query = urllib.parse.urlencode({"done": "1", "back": safe_next(back)})
+        except ReviewError as exc:
+            raise PageError(400, str(exc), user=user) from None
+        query = urllib.parse.urlencode(
+            {"done": "1", "back": safe_next(back), **({"device": device} if device else {})}
+        )
         target = f"{PREFIX}/decisions/{urllib.parse.quote(decision_id)}?{query}"
         return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
 

@@ -43,7 +43,10 @@ def test_decisions_filter_page_by_keyset_and_a_review_is_refused_to_a_viewer(
     assert vic.get("/ui/decisions?range=forever").status == 400
     decision = first_decision(rejects)
     shown = vic.get(f"/ui/decisions/{decision}")
-    assert f'<img src="/api/v1/decisions/{decision}/image" width="640" height="480"' in shown.text
+    assert re.search(
+        rf'<img src="/api/v1/decisions/{decision}/image\?device=[\w.-]+" width="640" height="480"',
+        shown.text,
+    )
     assert 'class="frame over"' in shown.text
     assert "save-review" not in shown.text
     refused = vic.post(f"/ui/decisions/{decision}/review",
@@ -106,7 +109,11 @@ def test_the_list_shows_each_row_s_thumbnail_looked_up_in_one_query(console: Con
     assert len(rows) == 50  # every reject has an image (thumbnails = "non-pass")
     for row in rows:
         [decision] = re.findall(r'href="/ui/decisions/([0-9a-f-]{36})\?', row)
-        assert f'<img src="/api/v1/decisions/{decision}/image" width="112" height="84"' in row
+        assert re.search(
+            rf'<img src="/api/v1/decisions/{decision}/image\?device=[\w.-]+" '
+            'width="112" height="84"',
+            row,
+        )
         assert 'loading="lazy"' in row
     assert queries == 1
     queries, passes = _image_queries(console, lena, "/ui/decisions?outcome=pass")
@@ -135,6 +142,6 @@ def test_a_decision_without_an_image_or_a_frame_size_says_so(console: Console) -
     store.insert_decisions(console.engine, [record])
     store.insert_images(console.engine, [image_record(decision_id, FEATURED, ts, payload, seed=9)])
     shown = vic.get(f"/ui/decisions/{decision_id}").text
-    assert f'<img src="/api/v1/decisions/{decision_id}/image"' in shown
+    assert f'<img src="/api/v1/decisions/{decision_id}/image?device={FEATURED}"' in shown
     assert "Frame size unknown" in shown
     assert "frame size unknown" in shown  # in the drawing's description
