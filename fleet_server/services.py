@@ -27,6 +27,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.clientid import secret_client_id
 from agent.mqttguard import MqttGuard
 from fleet_server.api.context import ServerContext
 from fleet_server.broker import identity
@@ -50,12 +51,12 @@ def service_identity(ctx: ServerContext, service: str) -> tuple[Path, Path, str]
     b = ctx.broker
     if ctx.managed_broker is not None:
         cert, key = identity.identity_paths(ctx.config.identity_dir, service)
-        return cert, key, identity.service_cn(service)
+        return cert, key, secret_client_id(identity.service_cn(service), key)
     host = socket.gethostname()
     kind, _, index = service.partition("-")
-    # the client ids of earlier releases: an ingest worker's persistent session carries on
-    client_id = f"fleet-{kind}-{host}-{index}" if index else f"fleet-{service}-{host}"
-    return b.cert_file, b.key_file, client_id
+    prefix = f"fleet-{kind}-{host}-{index}" if index else f"fleet-{service}-{host}"
+    # A secret suffix (from the key): a device can't name the id to take the session over.
+    return b.cert_file, b.key_file, secret_client_id(prefix, b.key_file)
 
 
 def _tls(ctx: ServerContext, cert: Path, key: Path) -> ssl.SSLContext:

@@ -17,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.clientid import secret_client_id
 from agent.fleetlink.config import FleetConfig
 from agent.fleetlink.link import Report, apply_directive, make_client
 from agent.identity import Identity
@@ -96,10 +97,11 @@ class UpdateService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         m = cfg.mqtt
+        client_id = f"{m.client_id_prefix}-{self.device_id}-updates"
+        if identity is not None:  # on the fleet broker: an id no other device can guess
+            client_id = secret_client_id(client_id, identity.key_path)
         self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"{m.client_id_prefix}-{self.device_id}-updates",
-            protocol=mqtt.MQTTv5,
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
         )
         if identity is not None:  # enrolled: the fleet broker with the device's certificate
             identity.tls_configure(self._client)

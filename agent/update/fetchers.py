@@ -176,7 +176,7 @@ class MqttFetcher(FetcherInterface):
         self._last_error = ""
         self._responses: queue.Queue[FetchResponse] = queue.Queue(_RESPONSE_QUEUE)
         self._started = False
-        cid = client_id or f"edge-agent-{device_id}-fetch-{uuid.uuid4().hex[:8]}"
+        cid = client_id or f"edge-agent-{device_id}-fetch-{uuid.uuid4().hex}"
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5)
         if username:
             client.username_pw_set(username, password)
@@ -209,7 +209,7 @@ class MqttFetcher(FetcherInterface):
             config.host,
             config.port,
             device_id=device_id,
-            client_id=f"{config.client_id_prefix}-{device_id}-fetch-{uuid.uuid4().hex[:8]}",
+            client_id=f"{config.client_id_prefix}-{device_id}-fetch-{uuid.uuid4().hex}",
             username=config.username,
             password=config.password(),
             keepalive_s=config.keepalive_s,

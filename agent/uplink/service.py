@@ -32,6 +32,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from pydantic import ValidationError
 
+from agent.clientid import secret_client_id
 from agent.decisionlog import DecisionLog
 from agent.errors import AgentError
 from agent.identity import Identity
@@ -144,7 +145,11 @@ class Uplink:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._state_topic = topics.state(device_id)
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5)
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=secret_client_id(f"{device_id}-uplink", identity.key_path),
+            protocol=mqtt.MQTTv5,
+        )
         identity.tls_configure(client)
         client.will_set(
             self._state_topic, encode(ReportedState.offline(device_id)), qos=1, retain=True

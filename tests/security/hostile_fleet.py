@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.clientid import secret_client_id
 from agent.wire import topics
 from agent.wire.enroll import ENROLL_PATH
 from agent.wire.messages import (
@@ -69,9 +70,11 @@ class HostileFleet:
         return self.state / "fleet.db"
 
     def peer(self, device_id: str, client_id: str | None = None) -> Peer:
-        """A connected MQTT client holding ``device_id``'s certificate."""
+        """A connected MQTT client holding ``device_id``'s certificate, with the client id
+        the agent's uplink uses unless ``client_id`` is given."""
         ident = self.devices[device_id]
-        peer = Peer(self.mqtt_port, self.ca_file, ident.cert, ident.key, client_id or device_id)
+        cid = client_id or secret_client_id(f"{device_id}-uplink", ident.key)
+        peer = Peer(self.mqtt_port, self.ca_file, ident.cert, ident.key, cid)
         assert peer.connect(), f"{device_id} could not connect"
         return peer
 

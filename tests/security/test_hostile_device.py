@@ -22,6 +22,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
+from agent.clientid import secret_client_id
 from agent.wire import topics
 from agent.wire.fetch import STATUS_OK, FetchRequest, decode_response, encode_request
 from tests.fleet.fleet_api_support import OPERATOR_TOKEN, PASSPHRASE, TOKEN_ENV, make_repository
@@ -146,7 +147,8 @@ class FetchPeer(Peer):
 
 def fetch_peer(fleet: HostileFleet, device_id: str) -> FetchPeer:
     ident = fleet.devices[device_id]
-    peer = FetchPeer(fleet.mqtt_port, fleet.ca_file, ident.cert, ident.key, device_id)
+    cid = secret_client_id(f"{device_id}-fetch", ident.key)
+    peer = FetchPeer(fleet.mqtt_port, fleet.ca_file, ident.cert, ident.key, cid)
     assert peer.connect()
     assert not peer.subscribe(topics.fetch_response(device_id))[0].is_failure
     return peer
@@ -167,6 +169,21 @@ BAD_FETCH: dict[str, bytes] = {
 }
 
 
+def _fetch_root(fleet: HostileFleet, device_id: str) -> None:
+    """A well-formed fetch of the trust root is answered with its bytes."""
+    victim = fetch_peer(fleet, device_id)
+    try:
+        request = FetchRequest(id=uuid.uuid4().hex, path="metadata/1.root.json", offset=0, max=4096)
+        victim.publish(topics.fetch_request(device_id), encode_request(request))
+        msg = victim.responses.get(timeout=WAIT_S)
+        response = decode_response(bytes(msg.payload), msg.properties)
+        assert response.id == request.id
+        assert response.status == STATUS_OK, response
+        assert response.data.startswith(b"{")
+    finally:
+        victim.close()
+
+
 def test_bad_fetch_requests_never_stop_the_file_server_for_other_devices(
     fleet: HostileFleet,
 ) -> None:
@@ -176,17 +193,7 @@ def test_bad_fetch_requests_never_stop_the_file_server_for_other_devices(
             atk.publish(topics.fetch_request(ATTACKER), payload)
     finally:
         atk.close()
-    victim = fetch_peer(fleet, "v1")
-    try:
-        request = FetchRequest(id=uuid.uuid4().hex, path="metadata/1.root.json", offset=0, max=4096)
-        victim.publish(topics.fetch_request("v1"), encode_request(request))
-        msg = victim.responses.get(timeout=WAIT_S)
-        response = decode_response(bytes(msg.payload), msg.properties)
-        assert response.id == request.id
-        assert response.status == STATUS_OK, response
-        assert response.data.startswith(b"{")
-    finally:
-        victim.close()
+    _fetch_root(fleet, "v1")
     body = assert_healthy(fleet)
     assert any(name.startswith("file") for name in body["services"]), body
 
@@ -232,6 +239,8 @@ def _taken_ids() -> list[str]:
     host = socket.gethostname()
     return [
         "v1",
+        "v1-uplink",
+        "edge-agent-v1-updates",
         f"fleet-ingest-{host}-0",
         f"fleet-files-{host}",
         "fleet-server",
@@ -245,7 +254,7 @@ def _taken_ids() -> list[str]:
 def test_a_device_cannot_take_over_another_clients_session(
     fleet: HostileFleet, client_id: str
 ) -> None:
-    victim = fleet.peer("v1")
+    victim = fleet.peer("v1")  # with the id a real agent's uplink uses
     try:
         ident = fleet.devices[ATTACKER]
         atk = Peer(fleet.mqtt_port, fleet.ca_file, ident.cert, ident.key, client_id)
@@ -268,6 +277,7 @@ def test_a_device_cannot_take_over_another_clients_session(
     finally:
         victim.close()
     victims_report(fleet, ["v2"], beats=3, events=1)()
+    _fetch_root(fleet, "v2")  # the file server still answers
     assert_healthy(fleet)
 
 
