@@ -87,7 +87,7 @@ PATHS = {
 PAGE_RANGES = ("24h", "7d")
 """What a time window scenario becomes on the list page (its own choices)."""
 _ROW = re.compile(r'href="/ui/decisions/([0-9a-f-]{36})\?')
-_IMG = re.compile(r'<img src="/api/v1/decisions/([0-9a-f-]{36})/image"')
+_IMG = re.compile(r'<img src="/api/v1/decisions/([0-9a-f-]{36})/image(?:\?device=[^"]*)?"')
 _NEXT = re.compile(r'href="\?([^"]*)" data-testid="next-page"')
 
 Params = dict[str, str]
