@@ -35,7 +35,8 @@ from agent.wire.messages import (
 )
 from fleet_server.ca import make_device_key_and_csr
 from tests.broker import free_port
-from tests.fleet.fleet_api_support import OPERATOR_TOKEN, TOKEN_ENV, http
+from tests.fleet.fleet_api_support import OPERATOR_TOKEN, http
+from tests.fleet.test_fleet_serve import write_config
 from tests.fleet.tls_peers import Peer
 
 START_TIMEOUT_S = 60.0
@@ -115,30 +116,6 @@ class HostileFleet:
         raise AssertionError("no VmRSS")
 
 
-def write_config(directory: Path, repo: Path, keys: Path, api: int, mqtt: int) -> Path:
-    path = directory / "fleet.toml"
-    path.write_text(
-        f"""
-[server]
-state_dir = "state"
-log_level = "info"
-
-[http]
-port = {api}
-operator_token_env = "{TOKEN_ENV}"
-
-[broker.mosquitto]
-port = {mqtt}
-persistence = false
-
-[repository]
-path = "{repo}"
-keystore = "{keys}"
-"""
-    )
-    return path
-
-
 def _wait_healthy(fleet_url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -178,7 +155,7 @@ def enroll(fleet_url: str, device_id: str, directory: Path) -> tuple[Identity, s
 def serve(directory: Path, repo: Path, keys: Path, device_ids: list[str]) -> Iterator[HostileFleet]:
     """Start fleet-server, enroll ``device_ids``, yield; SIGTERM at the end."""
     api, mqtt = free_port(), free_port()
-    config = write_config(directory, repo, keys, api, mqtt)
+    config = write_config(directory, (repo, keys), api, mqtt)
     log = directory / "serve.log"
     env = dict(os.environ)
     with log.open("wb") as out:
