@@ -20,12 +20,12 @@ from agent.actions.dispatcher import ActionDispatcher, ActionEvent
 from agent.capture import Camera
 from agent.config import AgentConfig
 from agent.decisionlog import DecisionLog
-from agent.errors import AgentError
 from agent.fleetlink.report import agent_health, reported_state
 from agent.fleetlink.service import UpdateService
 from agent.http import LocalHttpServer
 from agent.identity import Identity
 from agent.installer import Installer
+from agent.kernel.errors import EdgefleetError
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision, PipelineRunner, Stage
 from agent.planning import (
@@ -159,7 +159,7 @@ class Agent:
         cfg = self.config.uplink
         try:
             self.identity = Identity.load(self.state_dir, cfg.identity_dir)
-        except AgentError as e:
+        except EdgefleetError as e:
             self.problems.append(Problem("uplink", f"{e} (enroll again: edge-agent enroll)"))
             return
         if not cfg.enabled:
@@ -183,7 +183,7 @@ class Agent:
                 state_dir=self.state_dir,
                 on_alarm=self._count_alarm,
             )
-        except AgentError as e:
+        except EdgefleetError as e:
             self.problems.append(Problem("uplink", str(e)))
             return
         self.uplink.start()
@@ -193,7 +193,7 @@ class Agent:
             try:
                 self.uplink.event("install", report)
                 self.uplink.publish_state()
-            except AgentError as e:
+            except EdgefleetError as e:
                 log.warning("install report not sent: %s", e)
 
     def reload_if_changed(self) -> bool:
@@ -202,7 +202,7 @@ class Agent:
         for p in self.config.pipelines:
             try:
                 wanted[p.name] = (self.resolve or config_bundles)(p)
-            except AgentError:
+            except EdgefleetError:
                 wanted[p.name] = []
         if wanted == self._loaded:
             return False
@@ -276,7 +276,7 @@ class Agent:
                 try:
                     sensor = make_sensor(sensor_cfg, self.config.mqtt)
                     sensor.start()
-                except AgentError as e:
+                except EdgefleetError as e:
                     self.problems.append(Problem(f"sensor {sensor_cfg.name}", str(e)))
                     log.error("sensor %s not started: %s", sensor_cfg.name, e)  # noqa: TRY400
                     continue
@@ -414,7 +414,7 @@ class Agent:
             self._alarm_sent[kind] = (now, 0)
         try:
             uplink.event("alarm", {"alarm": kind, "message": message, "repeated": folded})
-        except AgentError as e:
+        except EdgefleetError as e:
             log.error("alarm %s not queued for the fleet: %s", kind, e)  # noqa: TRY400
 
     def _count_alarm(self, kind: str, _message: str) -> None:

@@ -22,9 +22,9 @@ import cv2
 import numpy as np
 
 from agent.app import Agent
-from agent.bundle import load_bundle
 from agent.config import parse_config
 from agent.errors import AgentError
+from agent.kernel.bundle import load_bundle
 from agent.pipeline.runner import Decision
 from runtime.bench import Progress, measure_bare
 from runtime.metrics import new_histogram, summarize

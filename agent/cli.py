@@ -19,6 +19,7 @@ from typing import Any
 from agent.config import AgentConfig, load_config
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
+from agent.kernel.errors import EdgefleetError
 from runtime.errors import EdgeRuntimeError
 
 EXIT_ERROR = 2
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("decisions show: give a decision id")
     try:
         return int(args.func(args))
-    except (AgentError, EdgeRuntimeError) as e:
+    except (EdgefleetError, EdgeRuntimeError) as e:
         print(f"edge-agent: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

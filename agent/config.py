@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,28 +17,18 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from agent.actions.config import ActionsConfig
 from agent.capture.config import CameraConfig
-from agent.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section
 from agent.decisionlog.config import DecisionLogConfig
-from agent.errors import ConfigError
 from agent.fleetlink.config import FleetConfig
 from agent.http import HttpConfig
+from agent.kernel.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section, dotted
+from agent.kernel.errors import ConfigError
+from agent.kernel.toml import MAX_CONFIG_BYTES, load_toml_file
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
-from agent.readlimit import read_at_most
 from agent.sensors.config import SensorConfig
 from agent.uplink.config import UplinkConfig
 from agent.wire.messages import MAX_THUMBNAIL_BYTES
 from agent.wire.topics import is_device_id
-from agent.wire.untrusted import PayloadTooLarge
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
-
-
-MAX_CONFIG_BYTES = 1 << 20
-"""A configuration file larger than this (1 MiB) is refused before it is read whole."""
 
 
 def check_state_dir(path: Path) -> Path:
@@ -220,13 +209,6 @@ class AgentConfig(Section):
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
 
 
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def _cross_check(cfg: AgentConfig, path: str) -> None:
     budget = cfg.agent.disk_budget_mb
     shares = cfg.decision_log.budget_mb + (cfg.uplink.outbox_max_mb if cfg.uplink.enabled else 0)
@@ -310,12 +292,12 @@ def parse_config(data: dict[str, Any], path: str = "", base: Path | None = None)
     except ValidationError as e:
         errors = e.errors()
         first = errors[0]
-        field = _dotted(tuple(first["loc"]))
+        field = dotted(tuple(first["loc"]))
         reason = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             reason = "unknown key"
         if len(errors) > 1:
-            others = "; ".join(f"{_dotted(tuple(x['loc']))}: {x['msg']}" for x in errors[1:4])
+            others = "; ".join(f"{dotted(tuple(x['loc']))}: {x['msg']}" for x in errors[1:4])
             reason += f" (and {len(errors) - 1} more: {others})"
         raise ConfigError(path, field, reason) from None
     _cross_check(cfg, path)
@@ -328,18 +310,5 @@ def load_config(path: Path) -> AgentConfig:
     Raises:
         ConfigError: the file is missing, not TOML, or not a valid configuration.
     """
-    try:
-        text = read_at_most(path, MAX_CONFIG_BYTES, "configuration").decode("utf-8")
-    except OSError as e:
-        raise ConfigError(str(path), "", f"can't read: {e.strerror or e}") from None
-    except PayloadTooLarge as e:
-        raise ConfigError(str(path), "", f"{e.size} bytes, over the limit of {e.limit}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(str(path), "", f"not UTF-8 ({e.reason} at byte {e.start})") from None
-    try:
-        data = tomllib.loads(text)
-    except RecursionError:
-        raise ConfigError(str(path), "", "not valid TOML: nested too deep") from None
-    except ValueError as e:  # TOMLDecodeError, and an integer too long to convert
-        raise ConfigError(str(path), "", f"not valid TOML: {e}") from None
+    data = load_toml_file(path, MAX_CONFIG_BYTES)
     return parse_config(data, str(path), path.resolve().parent)

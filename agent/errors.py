@@ -5,41 +5,12 @@ Library code raises these; the CLI turns them into a one-line message and an exi
 
 from __future__ import annotations
 
-
-class AgentError(Exception):
-    """Root of every error the agent raises on purpose."""
+from agent.kernel.errors import EdgefleetError
 
 
-class ConfigError(AgentError):
-    """A configuration file (or value) is not valid.
-
-    Attributes:
-        path: the file, or "" when the value did not come from a file.
-        field: dotted name of the offending field ("" for the whole file).
-        reason: what is wrong with it.
-    """
-
-    def __init__(self, path: str, field: str, reason: str) -> None:
-        self.path = path
-        self.field = field
-        self.reason = reason
-        where = f"{path}: " if path else ""
-        at = f"{field}: " if field else ""
-        super().__init__(f"{where}{at}{reason}")
-
-
-class BundleError(AgentError):
-    """A model bundle is missing, malformed or does not fit this device.
-
-    Attributes:
-        path: the bundle directory or file.
-        reason: what is wrong.
-    """
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"bundle {path}: {reason}")
+class AgentError(EdgefleetError):
+    """Root of every error the agent raises on purpose (the configuration and bundle
+    errors it shares with the fleet are in :mod:`agent.kernel.errors`)."""
 
 
 class CaptureError(AgentError):

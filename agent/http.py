@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from agent.configbase import Section
 from agent.errors import AgentError
+from agent.kernel.configbase import Section
 from agent.metrics import CONTENT_TYPE, AgentMetrics
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,9 @@ from cryptography.hazmat.primitives.serialization import (
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import Field, ValidationError
 
-from agent.durable import fsync_dir, write_durable
-from agent.errors import AgentError, ConfigError
+from agent.errors import AgentError
+from agent.kernel.durable import fsync_dir, write_durable
+from agent.kernel.errors import ConfigError
 from agent.update.errors import TrustRootError
 from agent.update.trust import ROOT_FILE, check_root
 from agent.wire import topics

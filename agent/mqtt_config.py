@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from agent.configbase import Section
-from agent.secrets import read_secret
+from agent.kernel.configbase import Section
+from agent.kernel.secrets import read_secret
 
 
 class LocalMqttConfig(Section):

@@ -9,10 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.bundle import Bundle, load_bundle
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import AgentError
 from agent.installer import Installer
+from agent.kernel.bundle import Bundle, load_bundle
+from agent.kernel.errors import EdgefleetError
 from agent.policy import PolicySpec, parse_policy
 from runtime.profiles import load_profile
 
@@ -94,7 +95,7 @@ def plan_pipelines(
             for b in bundles:
                 b.check_profile(profile)
             policy = pipeline_policy(cfg, p, bundles[0])
-        except AgentError as e:
+        except EdgefleetError as e:
             problems.append(Problem(f"pipeline {p.name}", str(e)))
             continue
         models = [f"{p.name}.{i}" for i in range(len(bundles))]

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from agent.configbase import Section
-from agent.errors import ConfigError
+from agent.kernel.configbase import Section
+from agent.kernel.errors import ConfigError
 
 STANDARD_OUTCOMES = ("pass", "reject", "review")
 

@@ -50,6 +50,7 @@ from agent.app import Agent
 from agent.decisionlog.connection import connect_reader
 from agent.errors import AgentError
 from agent.identity import enroll
+from agent.kernel.errors import EdgefleetError
 from agent.uplink import UplinkConfig
 from agent.wire.messages import error_text
 from fleet_server.bench_drain_device import (
@@ -62,7 +63,6 @@ from fleet_server.bench_drain_device import (
     wait_phase,
 )
 from fleet_server.bench_drain_fleet import DEVICE_ID, FLEET_START_S, DrainBenchError, FleetSide
-from fleet_server.errors import FleetError
 from runtime.bench import Progress
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             load=args.load, fps=args.fps, uplink=uplink, workers=args.workers,
             drain_timeout_s=args.drain_timeout, progress=say, bars=not args.quiet,
         )  # fmt: skip
-    except (FleetError, AgentError) as exc:
+    except EdgefleetError as exc:
         print(f"bench-drain: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -36,7 +36,7 @@ import paho.mqtt.client as mqtt
 import sqlalchemy as sa
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
-from agent.bundle import init_bundle
+from agent.kernel.bundle import init_bundle
 from agent.wire import topics
 from agent.wire.enroll import ENROLL_PATH
 from agent.wire.messages import BundleRef, Event, Heartbeat, ReportedState, encode

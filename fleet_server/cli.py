@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.bundle import Bundle, init_bundle
-from agent.errors import AgentError
+from agent.kernel.bundle import Bundle, init_bundle
+from agent.kernel.errors import EdgefleetError
 from agent.wire.manifest import MANIFEST_NAME, ClassificationPost, ScorePost
 from agent.wire.postprocess import POSTPROCESS_KINDS
 from fleet_server.cli_fleet import add_fleet_commands
@@ -29,7 +29,6 @@ from fleet_server.cli_repo import (
     add_repo,
 )
 from fleet_server.cli_users import add_users_commands
-from fleet_server.errors import FleetError
 from runtime.cli import parse_shape
 
 EXIT_ERROR = 2
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         code: int = args.func(args)
-    except (AgentError, FleetError) as exc:
+    except EdgefleetError as exc:
         message = " ".join(str(exc).split())
         print(f"fleetctl: error: {message}", file=sys.stderr)
         return EXIT_ERROR

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agent.secrets import read_secret
+from agent.kernel.secrets import read_secret
 from fleet_server import timefmt
 from fleet_server.errors import FleetError
 from fleet_server.rollout.spec import parse_duration, parse_selector

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from agent.durable import write_durable
+from agent.kernel.durable import write_durable
 from agent.wire.manifest import MANIFEST_NAME
 from fleet_server.errors import FleetError
 from fleet_server.repository import (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,18 +17,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from agent.configbase import Section
-from agent.errors import ConfigError
+from agent.kernel.configbase import Section, dotted
+from agent.kernel.errors import ConfigError
+from agent.kernel.toml import load_toml_file
 from fleet_server.auth.config import AuthSection
 from fleet_server.broker import MosquittoConfig
 from fleet_server.broker.identity import guessable_group
 from fleet_server.db import sqlite_url
 from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 DEFAULT_CONFIG = "/etc/edgefleet/fleet.toml"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -198,13 +193,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def _unspecified(host: str) -> bool:
@@ -422,9 +410,9 @@ def parse_config(
         first = errors[0]
         reason = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
         if len(errors) > 1:
-            others = "; ".join(f"{_dotted(tuple(x['loc']))}: {x['msg']}" for x in errors[1:4])
+            others = "; ".join(f"{dotted(tuple(x['loc']))}: {x['msg']}" for x in errors[1:4])
             reason += f" (and {len(errors) - 1} more: {others})"
-        raise ConfigError(path, _dotted(tuple(first["loc"])), reason) from None
+        raise ConfigError(path, dotted(tuple(first["loc"])), reason) from None
 
 
 def load_config(path: Path) -> FleetServerConfig:
@@ -433,12 +421,5 @@ def load_config(path: Path) -> FleetServerConfig:
     Raises:
         ConfigError: the file is missing, not TOML, or not a valid configuration.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(str(path), "", f"can't read: {e.strerror or e}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(str(path), "", f"not valid TOML: {e}") from None
+    data = load_toml_file(Path(path))
     return parse_config(data, str(path), Path(path).resolve().parent)

@@ -5,8 +5,10 @@ Library code raises these; ``fleetctl`` turns them into a one-line message and e
 
 from __future__ import annotations
 
+from agent.kernel.errors import EdgefleetError
 
-class FleetError(Exception):
+
+class FleetError(EdgefleetError):
     """Root of every error the fleet server raises on purpose."""
 
 

@@ -28,7 +28,7 @@ from typing import Protocol
 import uvicorn
 from cryptography import x509
 
-from agent.secrets import read_secret
+from agent.kernel.secrets import read_secret
 from fleet_server.api.app import create_app
 from fleet_server.api.context import BrokerEndpoint, ServerContext
 from fleet_server.broker import ManagedBroker, MosquittoConfig, identity

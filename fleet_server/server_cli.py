@@ -17,9 +17,8 @@ from types import FrameType
 
 from sqlalchemy.engine import make_url
 
-from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
-from fleet_server.errors import FleetError
 from fleet_server.serve import FleetServer, ServiceFactory
 from fleet_server.services import FileService, IngestService, RolloutRunner
 
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (AgentError, FleetError) as exc:
+    except EdgefleetError as exc:
         print(f"fleet-server: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -27,8 +27,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.clientid import secret_client_id
-from agent.mqttguard import MqttGuard
+from agent.kernel.clientid import secret_client_id
+from agent.kernel.mqttguard import MqttGuard
 from fleet_server.api.context import ServerContext
 from fleet_server.broker import identity
 from fleet_server.distribution.file_server import MqttFileServer

@@ -24,10 +24,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 from fleet_server.db import sqlite_url
 from fleet_server.db.tables import decisions, devices, events, rollout_devices, telemetry
-from fleet_server.errors import FleetError
 from fleet_server.repository import KeyStore, Passphrases, Repository
 from hil import shell
 from hil.errors import FleetSetupError, HilError
@@ -105,7 +104,7 @@ class Fleet:
             repo.init(keys)
             for bundle in bundles:
                 repo.publish(bundle, keys)
-        except (FleetError, AgentError) as exc:
+        except EdgefleetError as exc:
             raise FleetSetupError(f"repository: {exc}") from exc
         self.config_path.write_text(
             f'[server]\nstate_dir = "state"\nlog_level = "warning"\n'

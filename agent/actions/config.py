@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.configbase import MAX_TIMEOUT_S, Section
-from agent.secrets import read_secret
+from agent.kernel.configbase import MAX_TIMEOUT_S, Section
+from agent.kernel.secrets import read_secret
 
 PLACEHOLDERS = frozenset({"line", "source", "outcome"})
 """The names a topic template may use: ``{line}``, ``{source}``, ``{outcome}``."""

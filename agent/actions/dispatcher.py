@@ -21,7 +21,8 @@ from agent.actions.errors import ActionError, ActionTimeout
 from agent.actions.event import ActionEvent
 from agent.actions.mqtt import MqttPublisher, MqttSender
 from agent.actions.webhook import WebhookSender
-from agent.errors import AgentError, ConfigError
+from agent.errors import AgentError
+from agent.kernel.errors import ConfigError
 from agent.metrics import AgentMetrics
 from agent.mqtt_config import LocalMqttConfig
 

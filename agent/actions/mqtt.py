@@ -25,8 +25,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from agent.actions.config import MqttAction
 from agent.actions.errors import ActionFailed, ActionTimeout
 from agent.actions.event import ActionEvent
+from agent.kernel.mqttguard import MqttGuard
 from agent.mqtt_config import LocalMqttConfig
-from agent.mqttguard import MqttGuard
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import IO, Any
 from agent.actions.config import WebhookAction
 from agent.actions.errors import ActionFailed, ActionTimeout
 from agent.actions.event import ActionEvent
-from agent.errors import ConfigError
+from agent.kernel.errors import ConfigError
 
 _MAX_BODY = 64 * 1024  # read (and discard) at most this much of an answer
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from agent.configbase import Section
+from agent.kernel.configbase import Section
 
 CameraKind = Literal["v4l2", "rtsp", "http", "file", "images", "synthetic"]
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from agent.configbase import MAX_MB, MAX_QUEUE, Section
+from agent.kernel.configbase import MAX_MB, MAX_QUEUE, Section
 
 ThumbnailMode = Literal["non-pass", "all", "none"]
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from agent.decisionlog import schema
-from agent.durable import fsync_dir
 from agent.errors import DecisionLogError
+from agent.kernel.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from agent.configbase import MAX_TIMEOUT_S, Section
 from agent.installer import InstallerConfig
+from agent.kernel.configbase import MAX_TIMEOUT_S, Section
 from agent.mqtt_config import LocalMqttConfig
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from tuf.ngclient.fetcher import FetcherInterface
 
-from agent.durable import write_durable
 from agent.errors import AgentError
 from agent.fleetlink.config import FleetConfig
 from agent.installer import Installer, InstallError
-from agent.readlimit import read_at_most
+from agent.kernel.durable import write_durable
+from agent.kernel.readlimit import read_at_most
 from agent.update.client import Assignment, BundleClient
 from agent.update.errors import UpdateError
 from agent.update.timefloor import TimeFloor

@@ -17,12 +17,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.clientid import secret_client_id
 from agent.fleetlink.config import FleetConfig
 from agent.fleetlink.link import Report, apply_directive, make_client
 from agent.identity import Identity
 from agent.installer import Installer
-from agent.mqttguard import MqttGuard
+from agent.kernel.clientid import secret_client_id
+from agent.kernel.mqttguard import MqttGuard
 from agent.update.fetchers import MqttFetcher
 from agent.wire import topics
 

@@ -14,7 +14,7 @@ from agent.config import AgentConfig
 from agent.errors import AgentError
 from agent.fleetlink.link import Report, apply_directive, make_client
 from agent.installer import Installer
-from agent.readlimit import read_at_most
+from agent.kernel.readlimit import read_at_most
 from agent.update.directive import MAX_DIRECTIVE_BYTES
 from agent.update.fetchers import LocalDirFetcher
 from runtime import PoolConfig

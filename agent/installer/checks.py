@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.bundle import Bundle
-from agent.errors import BundleError
 from agent.installer.errors import InstallError
 from agent.installer.machine import Step
+from agent.kernel.bundle import Bundle
+from agent.kernel.errors import BundleError
 from runtime import PoolConfig, WorkerPool
 from runtime.errors import EdgeRuntimeError, PoolClosed, WorkerCrashed
 

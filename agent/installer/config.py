@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from agent.configbase import MAX_QUEUE, MAX_TIMEOUT_S, Section
+from agent.kernel.configbase import MAX_QUEUE, MAX_TIMEOUT_S, Section
 
 
 class InstallerConfig(Section):

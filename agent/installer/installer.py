@@ -20,14 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.bundle import Bundle, load_bundle
-from agent.errors import BundleError
 from agent.installer import checks, health, machine, recovery, slots, store, view
 from agent.installer.config import InstallerConfig
 from agent.installer.errors import InstallError
 from agent.installer.machine import SLOTS, BundleId, Journal, Marker, Status, Step
 from agent.installer.result import InstallResult, Report
 from agent.installer.view import SlotStatus
+from agent.kernel.bundle import Bundle, load_bundle
+from agent.kernel.errors import BundleError
 from agent.wire.base import slug
 from runtime import PoolConfig
 

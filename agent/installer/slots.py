@@ -15,11 +15,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.bundle import Bundle, load_bundle
-from agent.durable import fsync_dir
-from agent.errors import BundleError
 from agent.installer.errors import InstallError
 from agent.installer.machine import BundleId, Step
+from agent.kernel.bundle import Bundle, load_bundle
+from agent.kernel.durable import fsync_dir
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)

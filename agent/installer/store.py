@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.durable import fsync_dir
 from agent.installer.machine import Journal, Marker, Pointer
+from agent.kernel.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.bundle import Bundle
 from agent.decisionlog import DecisionRecord
+from agent.kernel.bundle import Bundle
 from agent.pipeline.postprocess import Result, build_postprocessor
 from agent.policy import Item, PolicySpec, Verdict, decide
 from runtime import EdgeRuntimeError, ModelInfo, WorkerPool

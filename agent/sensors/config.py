@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from agent.configbase import Section
+from agent.kernel.configbase import Section
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 REPLAY_SUFFIXES = (".csv", ".jsonl", ".ndjson")

@@ -3,7 +3,7 @@
 paho-mqtt with version-2 callbacks, ``connect_async`` + ``loop_start``; paho reconnects
 after a lost connection and the sensor subscribes again on every connect. Every reason
 code is checked: a refused connect or subscription leaves the sensor down, with the reason.
-Every callback is wrapped and paho's thread supervised (:class:`agent.mqttguard.MqttGuard`):
+Every callback is wrapped and paho's thread supervised (:class:`agent.kernel.mqttguard.MqttGuard`):
 no payload stops the sensor from reading. A sensor with no reading for longer than
 ``max_silence_s`` is reported silent (:meth:`MqttSensor.silent_s`).
 """
@@ -21,8 +21,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import SensorError
+from agent.kernel.mqttguard import MqttGuard
 from agent.mqtt_config import LocalMqttConfig
-from agent.mqttguard import MqttGuard
 from agent.sensors.base import SensorSource, SensorStats
 from agent.sensors.config import SensorConfig
 from agent.sensors.parse import BadReading, parse_payload

@@ -19,8 +19,8 @@ from tuf.api.exceptions import DownloadError, RepositoryError
 from tuf.api.metadata import TargetFile  # type: ignore[attr-defined, unused-ignore]
 from tuf.ngclient.updater import Updater
 
-from agent.durable import fsync_dir
-from agent.errors import BundleError
+from agent.kernel.durable import fsync_dir
+from agent.kernel.errors import BundleError
 from agent.update.directive import bundle_target
 from agent.update.errors import BundleRejected, FetchFailed, MetadataRejected, StagingFailed
 from agent.wire.manifest import MANIFEST_NAME, parse_manifest

@@ -27,8 +27,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from tuf.api.exceptions import DownloadError, DownloadHTTPError, SlowRetrievalError
 from tuf.ngclient.fetcher import FetcherInterface
 
+from agent.kernel.mqttguard import MqttGuard
 from agent.mqtt_config import LocalMqttConfig
-from agent.mqttguard import MqttGuard
 from agent.wire import topics
 from agent.wire.fetch import (
     MAX_CHUNK,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent.durable import write_durable
+from agent.kernel.durable import write_durable
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
 from tuf.api.metadata import Metadata, Root  # type: ignore[attr-defined, unused-ignore]
 
-from agent.durable import fsync_dir, write_durable
-from agent.readlimit import read_at_most
+from agent.kernel.durable import fsync_dir, write_durable
+from agent.kernel.readlimit import read_at_most
 from agent.update.directive import duplicate_keys
 from agent.update.errors import TrustRootError
 from agent.wire import untrusted

@@ -23,6 +23,7 @@ from agent.config import load_config
 from agent.errors import AgentError
 from agent.fleetlink.link import trust_dir
 from agent.identity import IDENTITY_DIR, enroll
+from agent.kernel.errors import EdgefleetError
 from agent.uplink.config import UplinkConfig
 
 EXIT_ERROR = 2
@@ -63,7 +64,7 @@ def cmd_enroll(server_url: str, token: str, config_path: str, *, replace: bool =
             replace=replace,
         )
         cert = identity.check()
-    except AgentError as exc:
+    except EdgefleetError as exc:
         print(f"edge-agent: enroll: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.outbox import Entry, Outbox
 
@@ -117,7 +117,7 @@ class Drain:
         while not self.stop.is_set():
             try:
                 wait = self.step()
-            except AgentError as exc:  # the outbox file: log, back off, go on
+            except EdgefleetError as exc:  # the outbox file: log, back off, go on
                 log.error("uplink outbox: %s", exc)  # noqa: TRY400 - expected, no traceback
                 self.publisher.count("outbox_errors")
                 wait = RETRY_MIN_S

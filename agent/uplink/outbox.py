@@ -30,6 +30,7 @@ from pathlib import Path
 
 from agent.decisionlog import integrity
 from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class Outbox:
                 log.error(
                     "outbox %s failed its integrity check (%s); moved to %s", path, problem, moved
                 )
-        except AgentError as exc:
+        except EdgefleetError as exc:
             raise OutboxError(path, str(exc)) from exc
         try:
             conn = sqlite3.connect(

@@ -32,11 +32,12 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from pydantic import ValidationError
 
-from agent.clientid import secret_client_id
 from agent.decisionlog import DecisionLog
 from agent.errors import AgentError
 from agent.identity import Identity
-from agent.mqttguard import MqttGuard
+from agent.kernel.clientid import secret_client_id
+from agent.kernel.errors import EdgefleetError
+from agent.kernel.mqttguard import MqttGuard
 from agent.uplink import decisions
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.config import UplinkConfig
@@ -204,7 +205,7 @@ class Uplink:
         if self._batcher is not None:
             try:
                 self._batcher.reconcile()
-            except AgentError as exc:
+            except EdgefleetError as exc:
                 log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
         self.guard.start(
             self._client,
@@ -414,7 +415,7 @@ class Uplink:
             try:
                 rows = batcher.fill_once()
                 failures = 0
-            except AgentError as exc:
+            except EdgefleetError as exc:
                 failures += 1
                 log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
                 rows = 0
@@ -444,7 +445,7 @@ class Uplink:
             self._on_alarm(kind, message)
         try:
             self.event("alarm", {"alarm": kind, "message": message})
-        except AgentError as exc:
+        except EdgefleetError as exc:
             log.error("uplink: the %s alarm could not be queued: %s", kind, exc)  # noqa: TRY400
 
     # -- paho callbacks (network thread) -----------------------------------------------

@@ -22,8 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from agent.durable import write_durable
-from agent.errors import BundleError
+from agent.kernel.durable import write_durable
+from agent.kernel.errors import BundleError
 from agent.wire import untrusted
 from agent.wire.base import ProfileName, WireModel, slug
 from agent.wire.postprocess import (

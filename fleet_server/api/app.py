@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
 from fleet_server.api.context import ServerContext
 from fleet_server.api.decisions import decisions_router
@@ -46,7 +47,7 @@ from fleet_server.auth.proxies import parse_networks
 from fleet_server.broker import BrokerError
 from fleet_server.ca import CAError, NameRefused
 from fleet_server.db import RolloutConflict, StorageError, TokenRejected
-from fleet_server.errors import FleetError, KeystoreError, RepoError
+from fleet_server.errors import KeystoreError, RepoError
 from fleet_server.rollout import RolloutError
 from fleet_server.web.console import install_console
 
@@ -108,8 +109,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)  # noqa: S101 (registered for it)
         return JSONResponse({"detail": _validation_detail(exc)}, status_code=400)
 
-    app.add_exception_handler(FleetError, on_library_error)
-    app.add_exception_handler(AgentError, on_library_error)
+    app.add_exception_handler(EdgefleetError, on_library_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
 
 

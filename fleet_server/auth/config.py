@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.configbase import Section
+from agent.kernel.configbase import Section
 from fleet_server.auth.proxies import parse_networks
 
 

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from agent.configbase import Section
+from agent.kernel.configbase import Section
 from agent.wire import topics
 
 CONF_NAME = "mosquitto.conf"

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from cryptography.x509.oid import NameOID
 
-from agent.errors import ConfigError
+from agent.kernel.errors import ConfigError
 from agent.wire import topics
 
 

@@ -23,7 +23,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.mqttguard import MqttGuard
+from agent.kernel.mqttguard import MqttGuard
 from agent.wire import topics
 from agent.wire.fetch import (
     MAX_CHUNK,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.errors import BundleError
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import (
     MANIFEST_NAME,
     BundleManifest,

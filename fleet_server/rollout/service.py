@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from agent.errors import BundleError
+from agent.kernel.errors import BundleError
 from agent.wire import topics
 from agent.wire.manifest import parse_manifest
 from fleet_server.db import RolloutConflict, store

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from agent.configbase import Section
+from agent.kernel.configbase import Section
 from agent.wire.base import slug
 from fleet_server.rollout.errors import RolloutError
 from fleet_server.rollout.windows import check_zone, format_range, parse_range

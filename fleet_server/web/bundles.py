@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent.errors import BundleError
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import MANIFEST_NAME, BundleManifest, parse_manifest
 from fleet_server.errors import FleetError
 from fleet_server.repository import Repository

@@ -29,7 +29,8 @@ from agent.actions import (
     MqttAction,
     WebhookAction,
 )
-from agent.errors import AgentError, ConfigError
+from agent.errors import AgentError
+from agent.kernel.errors import ConfigError
 from agent.metrics import AgentMetrics
 from agent.mqtt_config import LocalMqttConfig
 from tests.broker import Broker, free_port, mosquitto_binary

@@ -20,9 +20,9 @@ import paho.mqtt.client as mqtt
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.bundle import init_bundle
 from agent.config import load_config
-from agent.errors import ConfigError
+from agent.kernel.bundle import init_bundle
+from agent.kernel.errors import ConfigError
 from agent.wire.jpeg import jpeg_size
 from tests.broker import Broker, free_port
 

@@ -16,8 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from agent.bundle import Bundle, init_bundle, load_bundle
-from agent.errors import BundleError
+from agent.kernel.bundle import Bundle, init_bundle, load_bundle
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import MANIFEST_NAME, ClassificationPost, DetectionPost, ScorePost
 from runtime import PoolConfig, WorkerPool
 from runtime.backends import BackendOptions, open_model

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import MAX_CONFIG_BYTES, load_config
-from agent.configbase import MAX_MB
-from agent.errors import ConfigError
+from agent.kernel.configbase import MAX_MB
+from agent.kernel.errors import ConfigError
 
 
 def _write(tmp_path: Path, body: str) -> Path:

@@ -18,7 +18,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.errors import ConfigError
 from agent.identity import (
     CA_FILE,
     CERT_FILE,
@@ -31,6 +30,7 @@ from agent.identity import (
     make_key_and_csr,
     tls_context,
 )
+from agent.kernel.errors import ConfigError
 from agent.update.fetchers import MqttFetcher
 from agent.update.trust import ROOT_FILE
 from agent.uplink.cli import cmd_enroll

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.errors import BundleError
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,

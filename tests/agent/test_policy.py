@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.errors import ConfigError
+from agent.kernel.errors import ConfigError
 from agent.policy import Item, PolicySpec, Rule, decide, parse_policy
 
 

@@ -11,8 +11,8 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.bundle import init_bundle, load_bundle
 from agent.errors import PipelineError
+from agent.kernel.bundle import init_bundle, load_bundle
 from agent.pipeline.postprocess import SUMMARY_BOXES, Detection, build_postprocessor, nms
 from agent.wire.manifest import (
     ClassificationPost,

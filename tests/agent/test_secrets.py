@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.kernel.secrets import read_secret
 from agent.mqtt_config import LocalMqttConfig
-from agent.secrets import read_secret
 
 
 def test_credentials_directory_wins_over_the_environment(

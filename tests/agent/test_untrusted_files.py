@@ -13,9 +13,10 @@ import pytest
 from tuf.api.metadata import Targets  # type: ignore[attr-defined, unused-ignore]
 
 from agent.config import parse_config
-from agent.errors import AgentError, BundleError
+from agent.errors import AgentError
 from agent.fleetlink.sideload import sideload
-from agent.readlimit import read_at_most
+from agent.kernel.errors import BundleError
+from agent.kernel.readlimit import read_at_most
 from agent.update.directive import MAX_DIRECTIVE_BYTES, verify_directive
 from agent.update.errors import DirectiveRefused, TrustRootError
 from agent.update.trust import MAX_ROOT_BYTES, ROOT_FILE, AppliedCounter, trusted_root

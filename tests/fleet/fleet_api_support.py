@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.bundle import init_bundle
+from agent.kernel.bundle import init_bundle
 from fleet_server.api import ActionRefused, ServerContext, rollout_view
 from fleet_server.config import FleetServerConfig, parse_config
 from fleet_server.db import RolloutConflict, store

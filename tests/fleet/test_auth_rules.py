@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from agent.errors import ConfigError
+from agent.kernel.errors import ConfigError
 from fleet_server.auth import (
     PERMISSIONS,
     BadUsername,

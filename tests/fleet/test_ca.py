@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import Encoding, load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent.errors import ConfigError
+from agent.kernel.errors import ConfigError
 from fleet_server.ca import (
     BROKER_NAME,
     FLEET_IDENTITY,

@@ -19,7 +19,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from agent.errors import ConfigError
+from agent.kernel.errors import ConfigError
 from agent.wire import topics
 from agent.wire.enroll import ENROLL_PATH
 from fleet_server.ca import make_device_key_and_csr

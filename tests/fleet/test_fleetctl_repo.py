@@ -16,7 +16,7 @@ from tuf.api.exceptions import DownloadHTTPError
 from tuf.api.metadata import Metadata, Targets
 from tuf.ngclient import FetcherInterface, Updater
 
-from agent.bundle import init_bundle
+from agent.kernel.bundle import init_bundle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLEETCTL = Path(sys.executable).parent / "fleetctl"

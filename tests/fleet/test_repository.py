@@ -19,8 +19,8 @@ from tuf.api.exceptions import (
 from tuf.api.metadata import Metadata, Root, Targets
 from tuf.ngclient import FetcherInterface, Updater
 
-from agent.bundle import init_bundle
-from agent.errors import BundleError
+from agent.kernel.bundle import init_bundle
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import load_manifest
 from fleet_server.errors import BundleMismatch, DirectiveError, ReleaseNotNewer, RepoError
 from fleet_server.repository import (

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.bundle import Bundle, init_bundle, load_bundle
+from agent.kernel.bundle import Bundle, init_bundle, load_bundle
 
 OPSET = 17
 IR_VERSION = 9

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.bundle import Bundle, load_bundle
 from agent.installer import Installer, InstallerConfig, InstallError
 from agent.installer import cli as installer_cli
 from agent.installer.store import JOURNAL_FILE, POINTER_FILE, NameLock
+from agent.kernel.bundle import Bundle, load_bundle
 from runtime import PoolConfig, WorkerPool
 from runtime.errors import EdgeRuntimeError
 from tests.installer.installer_helpers import (

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.bundle import Bundle, load_bundle
 from agent.installer import CHECKPOINTS, Installer, InstallerConfig
 from agent.installer.store import JOURNAL_FILE
+from agent.kernel.bundle import Bundle, load_bundle
 from tests.installer.installer_helpers import PROFILE, make_bundle, slot_files, temp_files
 
 DRIVER = Path(__file__).with_name("install_driver.py")

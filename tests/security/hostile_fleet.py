@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.clientid import secret_client_id
+from agent.kernel.clientid import secret_client_id
 from agent.wire import topics
 from agent.wire.enroll import ENROLL_PATH
 from agent.wire.messages import (

@@ -28,7 +28,7 @@ from tuf.api.metadata import (  # type: ignore[attr-defined, unused-ignore]
 )
 
 from agent.config import AgentConfig, load_config
-from agent.errors import BundleError, ConfigError
+from agent.kernel.errors import BundleError, ConfigError
 from agent.update.directive import Directive, verify_directive
 from agent.update.errors import DirectiveRefused, TrustRootError
 from agent.update.trust import check_root

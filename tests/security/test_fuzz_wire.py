@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.decisionlog.record import new_id
-from agent.errors import BundleError
+from agent.kernel.errors import BundleError
 from agent.sensors.parse import MAX_PAYLOAD_BYTES as SENSOR_MAX
 from agent.sensors.parse import BadReading, parse_csv_row, parse_payload
 from agent.wire import compress, untrusted

@@ -22,7 +22,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from agent.clientid import secret_client_id
+from agent.kernel.clientid import secret_client_id
 from agent.wire import topics
 from agent.wire.fetch import STATUS_OK, FetchRequest, decode_response, encode_request
 from tests.fleet.fleet_api_support import OPERATOR_TOKEN, PASSPHRASE, TOKEN_ENV, make_repository

@@ -16,7 +16,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from tuf.api.exceptions import DownloadError, DownloadHTTPError, SlowRetrievalError
 
-from agent.bundle import load_bundle
+from agent.kernel.bundle import load_bundle
 from agent.update import FetchFailed, MqttFetcher
 from agent.wire import topics
 from agent.wire.fetch import MAX_CHUNK, decode_response

@@ -14,7 +14,7 @@ from securesystemslib.formats import encode_canonical
 from securesystemslib.signer import Key, Signature, Signer
 from tuf.api.metadata import Metadata, Root
 
-from agent.bundle import load_bundle
+from agent.kernel.bundle import load_bundle
 from agent.update import (
     BundleRejected,
     DirectiveRefused,

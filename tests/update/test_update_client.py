@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tuf.api.exceptions import DownloadError, DownloadHTTPError
 
-from agent.bundle import load_bundle
+from agent.kernel.bundle import load_bundle
 from agent.update import (
     DirectiveRefused,
     LocalDirFetcher,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.durable import copy_durable, fsync_dir, hash_file
-from agent.errors import BundleError
+from agent.kernel.durable import copy_durable, fsync_dir, hash_file
+from agent.kernel.errors import BundleError
 from agent.wire.manifest import (
     KNOWN_FORMATS,
     MANIFEST_NAME,

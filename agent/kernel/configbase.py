@@ -2,7 +2,7 @@
 
 Each subsystem declares its own section model next to its code (``agent/capture/config.py``
 and so on); :mod:`agent.config` composes them and turns validation errors into
-:class:`agent.errors.ConfigError` naming the file and the dotted field.
+:class:`agent.kernel.errors.ConfigError` naming the file and the dotted field.
 
 Every number has bounds: no NaN or infinity anywhere (``allow_inf_nan=False``), and the
 shared limits below for sizes, durations and counts, so that a typo such as
@@ -29,3 +29,11 @@ class Section(BaseModel):
     number may be NaN or infinite."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def dotted(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the dotted field name a user reads: ``a.b[2].c``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
