@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import Field, ValidationError, field_validator
 
-from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 from agent.wire import untrusted
 from agent.wire.base import WireModel
 
@@ -50,7 +50,7 @@ _ID_FIELD = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
 _MAX_PATH = 1024
 
 
-class FetchProtocolError(AgentError):
+class FetchProtocolError(EdgefleetError):
     """A fetch request, response or URL does not follow the protocol.
 
     Attributes:

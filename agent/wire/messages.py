@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 from agent.wire import compress, topics, untrusted
 from agent.wire.base import WireModel, slug
 from agent.wire.jpeg import JpegError, jpeg_size
@@ -51,7 +51,7 @@ EVENT_KINDS = (EVENT_INSTALL, EVENT_ROLLBACK, EVENT_CRASH, EVENT_ALARM)
 _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
 
-class MessageError(AgentError):
+class MessageError(EdgefleetError):
     """A payload is not a valid message of its kind.
 
     Attributes:

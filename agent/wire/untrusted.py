@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any
 
-from agent.errors import AgentError
+from agent.kernel.errors import EdgefleetError
 
 MAX_DEPTH = 32
 """Deepest nesting of arrays and objects accepted by default."""
@@ -31,7 +31,7 @@ MAX_STRING_CHARS = 1 << 20
 """Longest string value or key (characters)."""
 
 
-class UntrustedInputError(AgentError):
+class UntrustedInputError(EdgefleetError):
     """Bytes from outside are not JSON this code accepts.
 
     Attributes:

@@ -19,7 +19,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from agent.errors import AgentError
 from agent.kernel.errors import EdgefleetError
 from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
 from fleet_server.api.context import ServerContext
@@ -47,7 +46,7 @@ from fleet_server.auth.proxies import parse_networks
 from fleet_server.broker import BrokerError
 from fleet_server.ca import CAError, NameRefused
 from fleet_server.db import RolloutConflict, StorageError, TokenRejected
-from fleet_server.errors import KeystoreError, RepoError
+from fleet_server.errors import FleetError, KeystoreError, RepoError
 from fleet_server.rollout import RolloutError
 from fleet_server.web.console import install_console
 
@@ -77,7 +76,8 @@ def error_status(exc: Exception) -> int:
         (NameRefused, 400),
         (CAError, 503),
         (BrokerError, 503),
-        (AgentError, 400),
+        (FleetError, 500),
+        (EdgefleetError, 400),  # a bad bundle, config or wire message from the caller
     )
     for kind, status in table:
         if isinstance(exc, kind):
