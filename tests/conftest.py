@@ -30,7 +30,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.broker import Broker, start_broker
+from tests.support.broker import Broker, start_broker
 
 REPO = Path(__file__).resolve().parent.parent
 OPSET = 17

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.broker import Broker
+from tests.support.broker import Broker
 
 
 def test_mosquitto_fixture_carries_a_message(mosquitto: Broker) -> None:

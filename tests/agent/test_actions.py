@@ -33,7 +33,7 @@ from agent.errors import AgentError
 from agent.kernel.errors import ConfigError
 from agent.metrics import AgentMetrics
 from agent.mqtt_config import LocalMqttConfig
-from tests.broker import Broker, free_port, mosquitto_binary
+from tests.support.broker import Broker, free_port, mosquitto_binary
 
 WAIT_S = 10.0  # the bound of every wait for something that happens on its own
 HOOK_VAR = "EDGEFLEET_TEST_HOOK_TOKEN"  # the name of a variable, not a secret

@@ -24,7 +24,7 @@ from agent.config import load_config
 from agent.kernel.bundle import init_bundle
 from agent.kernel.errors import ConfigError
 from agent.wire.jpeg import jpeg_size
-from tests.broker import Broker, free_port
+from tests.support.broker import Broker, free_port
 
 BIN = Path(sys.executable).parent
 EDGE_AGENT = str(BIN / "edge-agent")

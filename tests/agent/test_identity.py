@@ -38,9 +38,9 @@ from agent.wire import topics
 from fleet_server.broker import ManagedBroker, MosquittoConfig
 from fleet_server.distribution.file_server import MqttFileServer
 from tests.agent.fleet_enroll_server import EnrollServer
-from tests.broker import free_port
-from tests.fleet.tls_peers import WAIT_S, Pki, make_ca
-from tests.update.tuf_repo import TufRepo
+from tests.agent.update.tuf_repo import TufRepo
+from tests.support.broker import free_port
+from tests.support.tls_peers import WAIT_S, Pki, make_ca
 
 NOT_AUTHORIZED = 0x87
 

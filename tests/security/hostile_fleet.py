@@ -34,10 +34,10 @@ from agent.wire.messages import (
     encode,
 )
 from fleet_server.ca import make_device_key_and_csr
-from tests.broker import free_port
-from tests.fleet.fleet_api_support import OPERATOR_TOKEN, http
-from tests.fleet.test_fleet_serve import write_config
-from tests.fleet.tls_peers import Peer
+from tests.fleet_server.fleet_api_support import OPERATOR_TOKEN, http
+from tests.fleet_server.test_fleet_serve import write_config
+from tests.support.broker import free_port
+from tests.support.tls_peers import Peer
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0

@@ -35,6 +35,7 @@ from agent.update.trust import check_root
 from agent.wire.manifest import BundleManifest, parse_manifest
 from agent.wire.topics import is_device_id
 from fleet_server.repository.bundledir import build_bundle
+from tests.agent.update.tuf_repo import DIRECTOR, TufRepo
 from tests.security.fuzz_support import (
     HOSTILE_SCALARS,
     MAX_MESSAGE,
@@ -42,7 +43,6 @@ from tests.security.fuzz_support import (
     holds,
     hostile_payloads,
 )
-from tests.update.tuf_repo import DIRECTOR, TufRepo
 
 SHA = "0" * 64
 MANIFEST: dict[str, Any] = {

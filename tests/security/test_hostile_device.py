@@ -25,8 +25,12 @@ import pytest
 from agent.kernel.clientid import secret_client_id
 from agent.wire import topics
 from agent.wire.fetch import STATUS_OK, FetchRequest, decode_response, encode_request
-from tests.fleet.fleet_api_support import OPERATOR_TOKEN, PASSPHRASE, TOKEN_ENV, make_repository
-from tests.fleet.tls_peers import Peer
+from tests.fleet_server.fleet_api_support import (
+    OPERATOR_TOKEN,
+    PASSPHRASE,
+    TOKEN_ENV,
+    make_repository,
+)
 from tests.security.hostile_fleet import (
     ENROLLED_LABELS,
     ENROLLED_PROFILE,
@@ -37,6 +41,7 @@ from tests.security.hostile_fleet import (
     serve,
     victims_report,
 )
+from tests.support.tls_peers import Peer
 
 ATTACKER = "atk"
 VICTIMS = ["v1", "v2", "v3"]
@@ -514,7 +519,7 @@ def test_a_streamed_body_is_cut_at_the_limit_without_buffering_it(
 def test_a_malformed_sign_in_body_is_a_clear_4xx_never_a_500(
     fleet: HostileFleet, body: bytes
 ) -> None:
-    from tests.fleet.fleet_api_support import http
+    from tests.fleet_server.fleet_api_support import http
 
     answer = http("POST", fleet.url + "/login", raw=body)
     assert 400 <= answer.status < 500, (answer.status, answer.body)

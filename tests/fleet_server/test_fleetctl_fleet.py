@@ -1,0 +1,200 @@
+"""fleetctl devices / telemetry / rollouts against a running fleet server: each command is
+a subprocess (a parser built with add_fleet_commands, the way fleetctl adds them) whose
+exit code and output are checked; the server runs in this process on real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.wire.enroll import ENROLL_PATH
+from fleet_server.ca import make_device_key_and_csr
+from fleet_server.db import store
+from fleet_server.db.store import Record
+from fleet_server.serve import FleetServer
+from tests.fleet_server.fleet_api_support import (
+    OPERATOR_TOKEN,
+    PASSPHRASE,
+    TOKEN_ENV,
+    WRONG_TOKEN,
+    LocalRolloutOps,
+    RunningApi,
+    api_config,
+    http,
+    make_repository,
+)
+from tests.support.broker import free_port
+
+HARNESS = """
+import argparse, sys
+from fleet_server.cli_fleet import add_fleet_commands
+from fleet_server.errors import FleetError
+parser = argparse.ArgumentParser(prog="fleetctl")
+add_fleet_commands(parser.add_subparsers(dest="command", required=True))
+args = parser.parse_args(sys.argv[1:])
+try:
+    sys.exit(args.func(args))
+except FleetError as exc:
+    print("fleetctl: error: " + " ".join(str(exc).split()), file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_repository(tmp_path_factory.mktemp("fleetctl-repo"))
+
+
+@pytest.fixture
+def api(
+    tmp_path: Path, repository: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunningApi]:
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.setenv("EDGEFLEET_KEY_PASSPHRASE", PASSPHRASE)
+    monkeypatch.setenv(TOKEN_ENV, OPERATOR_TOKEN)
+    server = FleetServer(api_config(tmp_path / "state", *repository), services=[LocalRolloutOps])
+    server.start()
+    try:
+        yield RunningApi(server)
+    finally:
+        server.stop()
+
+
+def fleetctl(
+    api: RunningApi, *args: str, token: str | None = OPERATOR_TOKEN, **env: str
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
+    environ.pop("EDGEFLEET_API_TOKEN", None)
+    environ["EDGEFLEET_SERVER"] = api.url
+    if token is not None:
+        environ["EDGEFLEET_API_TOKEN"] = token
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", HARNESS, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environ,
+    )
+
+
+def ok(api: RunningApi, *args: str) -> str:
+    proc = fleetctl(api, *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def fails(api: RunningApi, *args: str, **kw: str | None) -> str:
+    proc = fleetctl(api, *args, **kw)  # type: ignore[arg-type]
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("fleetctl: error: ")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+def test_devices_enroll_prints_a_one_time_token_that_enrolls_the_device(api: RunningApi) -> None:
+    out = ok(api, "devices", "enroll", "cam-5", "--labels", "line=3", "--profile", "x86-gateway")
+    first = out.splitlines()[0].split()
+    assert first[0] == "token"
+    token = first[1]
+    assert "shown once" in out
+    _, csr = make_device_key_and_csr("cam-5")
+    enrolled = http("POST", api.url + ENROLL_PATH, {"token": token, "csr": csr.decode()})
+    assert enrolled.status == 200, enrolled.body
+    again = http("POST", api.url + ENROLL_PATH, {"token": token, "csr": csr.decode()})
+    assert again.status == 403
+
+    table = ok(api, "devices", "list")
+    row = next(line for line in table.splitlines() if line.startswith("cam-5"))
+    assert "line=3" in row
+    assert table.splitlines()[-1] == "1 device(s)"
+    assert json.loads(ok(api, "devices", "list", "--select", "line=4", "--json")) == []
+    shown = json.loads(ok(api, "devices", "show", "cam-5", "--json"))
+    assert (shown["profile"], shown["labels"], shown["online"]) == (
+        "x86-gateway",
+        {"line": "3"},
+        False,
+    )
+    text = ok(api, "devices", "show", "cam-5")
+    assert "profile   x86-gateway" in text
+    assert "seen      never" in text
+
+
+def test_telemetry_and_revoke_show_what_the_server_knows(api: RunningApi) -> None:
+    engine = api.ctx.engine
+    store.upsert_device(
+        engine, "cam-6", agent_version="1.4.2", active_bundle="tiny", active_release=1
+    )
+    store.insert_heartbeats(
+        engine, [Record("cam-6", f"h{i}", 1000.0 + i, {"seq": i}) for i in range(3)]
+    )
+    store.mark_seen(engine, "cam-6", 1002.0, True)
+    tele = json.loads(ok(api, "telemetry", "cam-6", "--limit", "2", "--json"))
+    assert [h["record_id"] for h in tele["heartbeats"]] == ["h2", "h1"]
+    text = ok(api, "telemetry", "cam-6")
+    assert "agent 1.4.2" in text
+    assert "heartbeats (3, newest first):" in text
+    assert "active    tiny@1" in ok(api, "devices", "show", "cam-6")
+    revoked = ok(api, "devices", "revoke", "cam-6")
+    assert revoked.startswith("revoked cam-6:")
+    assert json.loads(ok(api, "devices", "show", "cam-6", "--json"))["revoked"] is True
+
+
+def test_rollouts_create_status_pause_and_a_refused_approve(api: RunningApi) -> None:
+    engine = api.ctx.engine
+    for i in range(3):
+        store.upsert_device(engine, f"d{i}", labels={"line": "3"}, profile="jetson-orin")
+        store.mark_seen(engine, f"d{i}", 100.0, True)
+    created = json.loads(
+        ok(
+            api, "rollouts", "create", "--bundle", "tiny@1.0.0",
+            "--select", "line=3,profile=jetson-orin", "--waves", "1,100%", "--soak", "1m",
+            "--approval", "--json",
+        )
+    )  # fmt: skip
+    rid = created["rollout_id"]
+    assert (created["phase"], created["wave"], created["waves"]) == ("assigning", 1, 2)
+    table = ok(api, "rollouts", "status")
+    row = next(line for line in table.splitlines() if line.startswith(rid))
+    assert "tiny@1.0.0" in row
+    assert "assigning" in row
+    detail = ok(api, "rollouts", "status", rid)
+    assert f"rollout   {rid}  tiny@1.0.0 (release 1)" in detail
+    assert "phase     assigning  wave 1/2" in detail
+    assert sum(line.endswith(" assigned") for line in detail.splitlines()) == 1
+    assert "assigned 1, pending 2" in detail
+    assert ok(api, "rollouts", "pause", rid, "--reason", "line stop").strip() == (
+        f"pause: rollout {rid} is paused"
+    )
+    refused = fails(api, "rollouts", "approve", rid)
+    assert "409" in refused
+    assert "cannot approve a rollout that is paused" in refused
+    assert ok(api, "rollouts", "resume", rid).strip().endswith("is assigning")
+    bad = fails(api, "rollouts", "create", "--bundle", "tiny", "--select", "line=3")
+    assert "400" in bad
+
+
+def test_errors_are_one_line_and_exit_2(api: RunningApi, tmp_path: Path) -> None:
+    assert "401" in fails(api, "devices", "list", token=WRONG_TOKEN)
+    assert "401" in fails(api, "devices", "list", token=None)
+    assert "404 no device 'ghost'" in fails(api, "devices", "show", "ghost")
+    assert "404" in fails(api, "rollouts", "status", "r-none")
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert "cannot reach" in fails(api, "devices", "list", "--server", dead)
+    assert "not an http" in fails(api, "devices", "list", "--server", "ftp://x")
+    # the operator token may come from $CREDENTIALS_DIRECTORY, which wins over the variable
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "EDGEFLEET_API_TOKEN").write_text(OPERATOR_TOKEN + "\n")
+    proc = fleetctl(
+        api, "devices", "list", "--json", token=WRONG_TOKEN, CREDENTIALS_DIRECTORY=str(creds)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []

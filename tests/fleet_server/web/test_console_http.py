@@ -1,0 +1,261 @@
+"""The console's pages over real HTTP without a browser, on a FleetServer in this process
+with seeded data (console_http_support.py): every page for each role on SQLite
+and PostgreSQL, sign-in and its CSRF token, the role and CSRF checks on every form post,
+the preview against what the rollout service then assigns, and a fixed number of
+queries per page with 1,000 devices."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from fleet_server.auth.deps import COOKIE_NAME
+from fleet_server.db import sqlite_url, store
+from fleet_server.db.tables import devices
+from tests.fleet_server.web.console_http_support import (
+    SPEC,
+    Client,
+    Console,
+    first_decision,
+    rollout_form,
+)
+from tests.fleet_server.web.console_seed import FEATURED, health, seed_fleet
+from tests.fleet_server.web.console_server import PASSWORD, USERS
+
+pytest_plugins = ["tests.fleet_server.db_fixtures", "tests.fleet_server.web.console_http_fixtures"]
+
+# -- every page, each role, SQLite and PostgreSQL -----------------------------------------
+
+
+def test_every_page_renders_for_each_role(start: Callable[[str], Console], db_url: str) -> None:
+    c = start(db_url)
+    seed_fleet(c.engine, time.time())
+    rid = c.rollouts.service.create(SPEC)
+    for name, role in USERS.items():
+        user = c.client(name)
+        overview = user.get("/ui/")
+        assert overview.status == 200, overview.text
+        assert f"{name} · {role}" in overview.text
+        assert "plant-b · line 2" in overview.text
+        assert "soc 8" in overview.text
+        assert "offline for 3 h" in overview.text
+        assert "default-src 'none'" in overview.headers["content-security-policy"]
+        assert overview.headers["cache-control"] == "no-store"
+        device = user.get(f"/ui/devices/{FEATURED}?span=24h")
+        assert device.status == 200, device.text
+        for title in (
+            "Frames per second",
+            "Inference latency",
+            "Queue depth",
+            "Dropped frames",
+            "CPU",
+            "Agent memory",
+            "Temperature",
+            "Data disk",
+            "Decisions by outcome",
+        ):
+            assert title in device.text, title  # fmt: skip
+        assert "budget 40 ms" in device.text
+        assert "worker 2 exited with signal 11" in device.text
+        bundles = user.get("/ui/bundles")
+        assert bundles.status == 200
+        assert bundles.text.count('data-testid="bundle-row"') == 4
+        assert "validly signed" in bundles.text
+        listing = user.get("/ui/rollouts")
+        assert rid in listing.text
+        assert ('data-testid="new-rollout"' in listing.text) is (role == "operator")
+        page = user.get(f"/ui/rollouts/{rid}")
+        assert page.status == 200
+        assert ('data-action="pause"' in page.text) is (role == "operator")
+        assert user.get(f"/ui/rollouts/{rid}/live").text.lstrip().startswith("<section")
+        assert user.get("/ui/rollouts/new").status == (200 if role == "operator" else 403)
+        decisions = user.get("/ui/decisions?range=24h")
+        assert decisions.status == 200, decisions.text
+        assert decisions.text.count('data-testid="decision-row"') == 50
+        assert ('data-testid="export"' in decisions.text) is (role != "viewer")
+        decision = user.get(f"/ui/decisions/{first_decision(decisions)}")
+        assert decision.status == 200
+        assert ('data-testid="save-review"' in decision.text) is (role != "viewer")
+    assert c.client().get("/ui/bundles").status == 303
+
+
+def test_the_overview_filters_by_site_line_state_and_search(console: Console) -> None:
+    vic = console.client("vic")
+    only_b = vic.get("/ui/?site=plant-b").text
+    assert "b1-01" in only_b
+    assert "a1-01" not in only_b
+    line = vic.get("/ui/?site=plant-a&line=2").text
+    assert "a2-05" in line
+    assert "a3-01" not in line
+    assert "b2-01" not in line
+    found = vic.get("/ui/?q=A2-03").text
+    assert "a2-03" in found
+    assert "a2-04" not in found
+    bad = vic.get("/ui/?state=bad").text
+    assert re.findall(r">([ab]\d-\d\d)</a>", bad) == ["a2-03", "b1-04"]
+    warn = vic.get("/ui/?state=warn").text
+    assert re.findall(r">([ab]\d-\d\d)</a>", warn) == ["a3-02"]
+    assert "disk 10% free" in warn
+    assert vic.get("/ui/?state=sideways").status == 400
+    assert vic.get(f"/ui/devices/{FEATURED}?span=1y").status == 400
+    assert vic.get("/ui/devices/nope").status == 404
+
+
+# -- signing in ------------------------------------------------------------------------
+
+
+def test_a_page_sends_a_stranger_to_sign_in_and_back_where_they_were(console: Console) -> None:
+    c = console.client()
+    assert c.get("/").headers["location"] == "/ui/"
+    away = c.get(f"/ui/devices/{FEATURED}?span=1h")
+    assert away.status == 303
+    assert away.headers["location"] == f"/ui/login?next=/ui/devices/{FEATURED}%3Fspan%3D1h"
+    form = c.get(away.headers["location"])
+    assert form.field("next") == f"/ui/devices/{FEATURED}?span=1h"
+    wrong = c.post("/ui/login", {"username": "olga", "password": "not it at all",
+                                 "login_token": form.field("login_token")})  # fmt: skip
+    assert wrong.status == 401
+    assert "wrong user name or password" in wrong.text
+    assert COOKIE_NAME not in c.jar
+    ok = c.post("/ui/login", {"username": "olga", "password": PASSWORD,
+                              "login_token": c.get("/ui/login").field("login_token"),
+                              "next": form.field("next")})  # fmt: skip
+    assert (ok.status, ok.headers["location"]) == (303, f"/ui/devices/{FEATURED}?span=1h")
+    assert any("HttpOnly" in line and "SameSite=strict" in line for line in ok.cookies)
+    assert c.get(ok.headers["location"]).status == 200
+    out = c.post("/ui/logout", {"csrf_token": c.csrf()})
+    assert (out.status, out.headers["location"]) == (303, "/ui/login")
+    assert c.get("/ui/").status == 303
+
+
+def test_the_sign_in_form_needs_its_own_token_and_this_origin(console: Console) -> None:
+    c = console.client()
+    token = c.get("/ui/login").field("login_token")
+    creds = {"username": "olga", "password": PASSWORD}
+    assert c.post("/ui/login", creds | {"login_token": "forged"}).status == 403
+    stranger = Client(console.url)  # another browser: no token cookie
+    assert stranger.post("/ui/login", creds | {"login_token": token}).status == 403
+    evil = {"Origin": "http://evil.example"}
+    assert c.post("/ui/login", creds | {"login_token": token}, evil).status == 403
+    assert COOKIE_NAME not in c.jar
+    assert COOKIE_NAME not in stranger.jar
+
+
+# -- who may change what ---------------------------------------------------------------
+
+
+def test_a_line_manager_can_not_create_or_steer_a_rollout_by_posting_the_forms(
+    console: Console,
+) -> None:
+    rid = console.rollouts.service.create(SPEC)
+    lena = console.client("lena")
+    csrf = lena.csrf()
+    refused = lena.post("/ui/rollouts", rollout_form(csrf))
+    assert refused.status == 403
+    assert "may not rollouts:write" in refused.text
+    assert lena.post("/ui/rollouts/preview", rollout_form(csrf)).status == 403
+    assert [r.rollout_id for r in store.list_rollouts(console.engine)] == [rid]
+    for action in ("pause", "cancel", "rollback", "approve", "resume"):
+        assert lena.post(f"/ui/rollouts/{rid}/{action}", {"csrf_token": csrf}).status == 403
+    assert console.rollouts.service.get(rid)["phase"] == "planned"
+    assert console.rollouts.sent == []
+
+
+def test_form_posts_without_the_csrf_token_or_from_elsewhere_change_nothing(
+    console: Console,
+) -> None:
+    rid = console.rollouts.service.create(SPEC)
+    olga = console.client("olga")
+    csrf = olga.csrf()
+    assert olga.post(f"/ui/rollouts/{rid}/pause", {}).status == 403
+    assert olga.post(f"/ui/rollouts/{rid}/pause", {"csrf_token": "forged"}).status == 403
+    evil = {"Origin": "http://evil.example"}
+    assert olga.post(f"/ui/rollouts/{rid}/pause", {"csrf_token": csrf}, evil).status == 403
+    assert olga.post("/ui/rollouts", rollout_form("")).status == 403
+    assert console.rollouts.service.get(rid)["phase"] == "planned"
+    done = olga.post(f"/ui/rollouts/{rid}/pause", {"csrf_token": csrf})
+    assert (done.status, done.headers["location"]) == (303, f"/ui/rollouts/{rid}?done=pause")
+    assert console.rollouts.service.get(rid)["phase"] == "paused"
+    again = olga.post(f"/ui/rollouts/{rid}/pause", {"csrf_token": csrf})
+    assert again.status == 409
+    assert "cannot pause a rollout that is paused" in again.text
+
+
+def test_the_preview_lists_the_devices_the_rollout_then_assigns(console: Console) -> None:
+    olga = console.client("olga")
+    form = rollout_form(olga.csrf(), "ro-0123456789ab")
+    shown = olga.post("/ui/rollouts/preview", form)
+    assert shown.status == 200, shown.text
+    row = r'data-testid="preview-wave"><td>(\d)</td>.*?<td class="ids">([^<]*)</td>'
+    waves = re.findall(row, shown.text, re.S)
+    planned = {int(n): ids.split(", ") for n, ids in waves}
+    assert [len(planned[n]) for n in (1, 2, 3)] == [1, 1, 3]
+    assert sorted(d for ids in planned.values() for d in ids) == [f"a1-0{i}" for i in range(1, 6)]
+    made = olga.post("/ui/rollouts", form)
+    assert (made.status, made.headers["location"]) == (
+        303, "/ui/rollouts/ro-0123456789ab?done=created",
+    )  # fmt: skip
+    twice = olga.post("/ui/rollouts", form)  # a double submit shows the same rollout
+    assert twice.headers["location"] == made.headers["location"]
+    console.rollouts.service.tick()  # planned -> assigning wave 1
+    directed = [topic.split("/")[2] for topic, _ in console.rollouts.sent]
+    assert directed == planned[1]
+    bad = olga.post("/ui/rollouts", rollout_form(olga.csrf()) | {"waves": "50%,1"})
+    assert bad.status == 400
+    assert "rollout: waves:" in bad.text
+
+
+# -- fixed queries per page ------------------------------------------------------------
+
+
+def _bulk_devices(engine: sa.Engine, n: int, now: float) -> None:
+    rows = [
+        {"device_id": f"z{i:04d}", "labels": {"site": f"s{i % 3}", "line": str(i % 7)},
+         "profile": "x86-gateway", "agent_version": "0.1.0", "enrolled_at": now,
+         "last_seen": now, "online": i % 50 != 0, "active_bundle": "detector",
+         "active_release": 2, "health": health(now, i, phase=i), "revoked": False}
+        for i in range(n)
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(devices.insert(), rows)
+
+
+def _statements(c: Console, client: Client, path: str) -> tuple[int, int]:
+    count = [0]
+
+    def on_execute(*_args: Any) -> None:
+        count[0] += 1
+
+    sa.event.listen(c.engine, "before_cursor_execute", on_execute)
+    try:
+        page = client.get(path)
+    finally:
+        sa.event.remove(c.engine, "before_cursor_execute", on_execute)
+    assert page.status == 200, page.text
+    return count[0], page.text.count("/ui/devices/")
+
+
+def test_pages_make_the_same_few_queries_for_10_or_1000_devices(
+    start: Callable[[str], Console], tmp_path: Path
+) -> None:
+    c = start(sqlite_url(tmp_path / "fleet.db"))
+    vic = c.client("vic")
+    now = time.time()
+    _bulk_devices(c.engine, 10, now)
+    small, shown = _statements(c, vic, "/ui/")
+    assert shown == 10
+    with c.engine.begin() as conn:
+        conn.execute(devices.delete())
+    _bulk_devices(c.engine, 1000, now)
+    large, shown = _statements(c, vic, "/ui/")
+    assert shown == 1000
+    assert large == small <= 8
+    device, _ = _statements(c, vic, "/ui/devices/z0001")
+    bundles, _ = _statements(c, vic, "/ui/bundles")
+    assert device <= 12
+    assert bundles <= 6

@@ -1,0 +1,147 @@
+"""Decision review pages over real HTTP (tests/fleet_server/web/console_http_support.py): the list's
+filters and keyset pages, a viewer refused the review form, a line manager's override
+shown in the decision, the accuracy table and the CSV export, and the decisions' images
+(thumbnails in the list looked up in one query, the image under the boxes in a decision,
+the empty frame without one)."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from fleet_server.db import store
+from fleet_server.db.store import DecisionRecord
+from tests.fleet_server.web.console_http_support import Client, Console, first_decision
+from tests.fleet_server.web.console_seed import FEATURED, decision_payload, image_record
+
+pytest_plugins = ["tests.fleet_server.db_fixtures", "tests.fleet_server.web.console_http_fixtures"]
+
+
+def test_decisions_filter_page_by_keyset_and_a_review_is_refused_to_a_viewer(
+    console: Console,
+) -> None:
+    vic = console.client("vic")
+    rejects = vic.get("/ui/decisions?outcome=reject&reviewed=no&range=24h")
+    assert rejects.status == 200, rejects.text
+    outcomes = re.findall(r'<span class="badge out-(\w+)">', rejects.text)
+    assert outcomes
+    assert set(outcomes) == {"reject"}
+    assert 'data-testid="export"' not in rejects.text  # a viewer may not export
+    first = vic.get("/ui/decisions")
+    older = re.search(r'href="\?([^"]*cursor=[^"]+)" data-testid="next-page"', first.text)
+    assert older is not None
+    second = vic.get("/ui/decisions?" + older.group(1).replace("&amp;", "&"))
+    ids_1 = set(re.findall(r"/ui/decisions/([0-9a-f-]{36})\?", first.text))
+    ids_2 = set(re.findall(r"/ui/decisions/([0-9a-f-]{36})\?", second.text))
+    assert len(ids_1) == len(ids_2) == 50
+    assert not ids_1 & ids_2
+    assert vic.get("/ui/decisions?cursor=bogus").status == 400
+    assert vic.get("/ui/decisions?range=forever").status == 400
+    decision = first_decision(rejects)
+    shown = vic.get(f"/ui/decisions/{decision}")
+    assert re.search(
+        rf'<img src="/api/v1/decisions/{decision}/image\?device=[\w.-]+" width="640" height="480"',
+        shown.text,
+    )
+    assert 'class="frame over"' in shown.text
+    assert "save-review" not in shown.text
+    refused = vic.post(f"/ui/decisions/{decision}/review",
+                       {"csrf_token": vic.csrf(), "verdict": "confirm"})  # fmt: skip
+    assert refused.status == 403
+    assert "no current review" not in shown.text
+    assert vic.get("/ui/decisions/no-such-decision").status == 404
+
+
+def test_a_line_manager_overrides_a_decision_and_the_export_and_accuracy_show_it(
+    console: Console,
+) -> None:
+    lena = console.client("lena")
+    listing = lena.get("/ui/decisions?outcome=reject&reviewed=no")
+    decision = first_decision(listing)
+    form = {"verdict": "override", "outcome": "pass", "note": "a shadow, not a scratch"}
+    assert lena.post(f"/ui/decisions/{decision}/review", form).status == 403  # no CSRF token
+    bad = lena.post(f"/ui/decisions/{decision}/review",
+                    form | {"outcome": "reject", "csrf_token": lena.csrf()})  # fmt: skip
+    assert bad.status == 400
+    assert "use verdict &#39;confirm&#39;" in bad.text
+    saved = lena.post(f"/ui/decisions/{decision}/review", form | {"csrf_token": lena.csrf()})
+    assert saved.status == 303
+    detail = lena.get(saved.headers["location"])
+    assert "Review saved." in detail.text
+    assert "overridden from reject" in detail.text
+    assert "a shadow, not a scratch" in detail.text
+    rejects = lena.get("/ui/decisions?outcome=reject").text
+    export_url = re.search(r'href="([^"]+)" data-testid="export"', rejects)
+    assert export_url is not None
+    csv_page = lena.get(export_url.group(1).replace("&amp;", "&"))
+    assert csv_page.status == 200
+    [row] = [ln for ln in csv_page.text.splitlines() if ln.startswith(decision)]
+    assert ",override,pass,a shadow, not a scratch," in row.replace('"', "")
+    assert ",lena," in row
+    accuracy = lena.get("/ui/decisions").text
+    assert "reject → pass: 1" in accuracy
+
+
+def _image_queries(c: Console, client: Client, path: str) -> tuple[int, str]:
+    """How many statements the page sent that read decision_images, and the page."""
+    seen: list[str] = []
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        seen.append(statement)
+
+    sa.event.listen(c.engine, "before_cursor_execute", on_execute)
+    try:
+        page = client.get(path)
+    finally:
+        sa.event.remove(c.engine, "before_cursor_execute", on_execute)
+    assert page.status == 200, page.text
+    return sum("decision_images" in s for s in seen), page.text
+
+
+def test_the_list_shows_each_row_s_thumbnail_looked_up_in_one_query(console: Console) -> None:
+    lena = console.client("lena")
+    queries, rejects = _image_queries(console, lena, "/ui/decisions?outcome=reject")
+    rows = re.findall(r'<tr data-testid="decision-row">(.*?)</tr>', rejects, re.S)
+    assert len(rows) == 50  # every reject has an image (thumbnails = "non-pass")
+    for row in rows:
+        [decision] = re.findall(r'href="/ui/decisions/([0-9a-f-]{36})\?', row)
+        assert re.search(
+            rf'<img src="/api/v1/decisions/{decision}/image\?device=[\w.-]+" '
+            'width="112" height="84"',
+            row,
+        )
+        assert 'loading="lazy"' in row
+    assert queries == 1
+    queries, passes = _image_queries(console, lena, "/ui/decisions?outcome=pass")
+    assert passes.count('data-testid="decision-row"') == 50
+    assert "<img src=" not in passes
+    assert passes.count("no image uploaded") >= 50
+    assert queries == 1
+
+
+def test_a_decision_without_an_image_or_a_frame_size_says_so(console: Console) -> None:
+    vic = console.client("vic")
+    passes = vic.get("/ui/decisions?outcome=pass")
+    bare = vic.get(f"/ui/decisions/{first_decision(passes)}").text
+    assert "<img src=" not in bare
+    assert 'class="frame"' in bare
+    assert ">no image uploaded</text>" in bare
+    assert "No image uploaded" in bare
+    # An older agent: no frame size in the outputs; the image's own size stands for it.
+    ts = time.time() - 30
+    payload = decision_payload(FEATURED, ts, 1, "reject", random.Random(3))
+    outputs = payload["outputs"]
+    assert isinstance(outputs, dict)
+    old = dict(payload, outputs={k: v for k, v in outputs.items() if k != "frame"})
+    decision_id = str(old["id"])
+    record = DecisionRecord(decision_id, FEATURED, ts, "cam0", "reject", "detector", "1.4.0", old)
+    store.insert_decisions(console.engine, [record])
+    store.insert_images(console.engine, [image_record(decision_id, FEATURED, ts, payload, seed=9)])
+    shown = vic.get(f"/ui/decisions/{decision_id}").text
+    assert f'<img src="/api/v1/decisions/{decision_id}/image?device={FEATURED}"' in shown
+    assert "Frame size unknown" in shown
+    assert "frame size unknown" in shown  # in the drawing's description
