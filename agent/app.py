@@ -20,10 +20,10 @@ from agent.actions.dispatcher import ActionDispatcher, ActionEvent
 from agent.capture import Camera
 from agent.config import AgentConfig
 from agent.decisionlog import DecisionLog
-from agent.fleetlink.report import agent_health, reported_state
-from agent.fleetlink.service import UpdateService
+from agent.directives.report import agent_health, reported_state
+from agent.directives.service import DirectivesService
+from agent.enrollment.identity import Identity
 from agent.http import LocalHttpServer
-from agent.identity import Identity
 from agent.installer import Installer
 from agent.kernel.errors import EdgefleetError
 from agent.metrics import AgentMetrics
@@ -86,7 +86,7 @@ class Agent:
             metrics=self.metrics,
         )
         self.installer: Installer | None = None
-        self.updates: UpdateService | None = None
+        self.updates: DirectivesService | None = None
         self.profile_name = load_profile(config.agent.profile).name
         if resolve is None and config.uses_installer():
             self.installer = Installer(
@@ -139,7 +139,7 @@ class Agent:
         self._start_uplink()
         if self.config.fleet.enabled and self.installer is not None:
             fleet = self.config.fleet
-            self.updates = UpdateService(
+            self.updates = DirectivesService(
                 self,
                 fleet,
                 self.installer,

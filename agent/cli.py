@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from agent.fleetlink.sideload import sideload  # noqa: PLC0415
+    from agent.directives.sideload import sideload  # noqa: PLC0415
 
     report = sideload(Path(args.medium), _config(args))
     if args.json:
@@ -206,7 +206,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
-    from agent.uplink.cli import cmd_enroll as enroll  # noqa: PLC0415
+    from agent.enrollment.cli import cmd_enroll as enroll  # noqa: PLC0415
 
     return enroll(args.server_url, args.token, args.config, replace=args.replace)
 

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from agent.actions.config import ActionsConfig
 from agent.capture.config import CameraConfig
 from agent.decisionlog.config import DecisionLogConfig
-from agent.fleetlink.config import FleetConfig
+from agent.directives.config import FleetConfig
 from agent.http import HttpConfig
 from agent.kernel.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section, dotted
 from agent.kernel.errors import ConfigError

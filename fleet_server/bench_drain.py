@@ -48,8 +48,8 @@ from pydantic import ValidationError
 
 from agent.app import Agent
 from agent.decisionlog.connection import connect_reader
+from agent.enrollment.identity import enroll
 from agent.errors import AgentError
-from agent.identity import enroll
 from agent.kernel.errors import EdgefleetError
 from agent.uplink import UplinkConfig
 from agent.wire.messages import error_text

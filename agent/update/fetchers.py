@@ -130,7 +130,7 @@ class MqttFetcher(FetcherInterface):
         deadline_s: the most time one file may take (then SlowRetrievalError).
         chunk_size: bytes asked per request (at most 256 KiB).
         tls_ca, tls_cert, tls_key: TLS with a client certificate (the device identity:
-            :class:`agent.identity.Identity` ``ca_path``, ``cert_path``, ``key_path``).
+            :class:`agent.enrollment.identity.Identity` ``ca_path``, ``cert_path``, ``key_path``).
 
     Raises:
         ValueError: a bad chunk size, some but not all TLS files, or TLS files and

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from agent.identity import IDENTITY_DIR
+from agent.enrollment.identity import IDENTITY_DIR
 from agent.kernel.configbase import Section
 from agent.uplink.outbox import DEFAULT_DROP_ORDER, full_drop_order
 from agent.wire.messages import MAX_DECISION_ROWS

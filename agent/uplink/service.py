@@ -33,8 +33,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from pydantic import ValidationError
 
 from agent.decisionlog import DecisionLog
+from agent.enrollment.identity import Identity
 from agent.errors import AgentError
-from agent.identity import Identity
 from agent.kernel.clientid import secret_client_id
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.mqttguard import MqttGuard

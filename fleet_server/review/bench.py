@@ -473,7 +473,7 @@ def _database(args: argparse.Namespace) -> Iterator[Engine]:
     try:
         url = args.db_url
         if args.postgres:
-            pg = importlib.import_module("tests.fleet.pg")  # a source checkout's test helper
+            pg = importlib.import_module("tests.support.pg")  # a source checkout's test helper
             cluster = pg.start_cluster(durable=True)
             url = cluster.create_database("bench")
         elif url is None:
@@ -485,7 +485,7 @@ def _database(args: argparse.Namespace) -> Iterator[Engine]:
             engine.dispose()
     finally:
         if cluster is not None:
-            importlib.import_module("tests.fleet.pg").stop_cluster(cluster)
+            importlib.import_module("tests.support.pg").stop_cluster(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument(
         "--postgres",
         action="store_true",
-        help="a throw-away PostgreSQL cluster, started as the tests do (tests/fleet/pg.py)",
+        help="a throw-away PostgreSQL cluster, started as the tests do (tests/support/pg.py)",
     )
     parser.add_argument(
         "--analyze", action="store_true", help="run ANALYZE on SQLite too before timing"

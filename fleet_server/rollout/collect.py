@@ -7,7 +7,7 @@ is pure, so this is decided before stepping). Reading the current facts rather t
 stream of changes makes the loop restart-safe: nothing is lost or counted twice between
 ticks or across fleet-server processes.
 
-The install event's payload is the agent's install report (``agent.fleetlink.link``):
+The install event's payload is the agent's install report (``agent.directives.link``):
 ``outcome`` committed | noop | refused | failed, ``step``, ``bundle``, ``release``, ``at``,
 and ``rolled_back`` where the installer says so; the installer's journal form (``status``
 and ``target``) is read too. A failure at or after the switch is an automatic rollback.

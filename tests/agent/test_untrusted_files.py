@@ -13,8 +13,8 @@ import pytest
 from tuf.api.metadata import Targets  # type: ignore[attr-defined, unused-ignore]
 
 from agent.config import parse_config
+from agent.directives.sideload import sideload
 from agent.errors import AgentError
-from agent.fleetlink.sideload import sideload
 from agent.kernel.errors import BundleError
 from agent.kernel.readlimit import read_at_most
 from agent.update.directive import MAX_DIRECTIVE_BYTES, verify_directive

@@ -143,7 +143,7 @@ def test_mqtt_delivery_commits_a_good_bundle_and_rolls_back_a_failing_one(
 def test_side_load_from_a_directory_uses_the_same_checks(
     tmp_path: Path, fleet: tuple[KeyStore, Repository], mosquitto: Broker
 ) -> None:
-    from agent.fleetlink.sideload import sideload
+    from agent.directives.sideload import sideload
 
     keys, repo = fleet
     medium = tmp_path / "usb"
@@ -229,7 +229,7 @@ def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_
 def test_a_directive_for_the_previous_release_rolls_back_to_the_other_slot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mosquitto: Broker
 ) -> None:
-    from agent.fleetlink.sideload import sideload
+    from agent.directives.sideload import sideload
 
     monkeypatch.setenv("EDGEFLEET_KEY_PASSPHRASE", "test passphrase, made at test time")
     keys = KeyStore.create(tmp_path / "keys", root_keys=3, root_threshold=2)

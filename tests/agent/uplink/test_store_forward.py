@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from agent.decisionlog import UPLOADED
-from agent.identity import Identity
+from agent.enrollment.identity import Identity
 from agent.uplink import Uplink
 from agent.uplink.decisions import rows_in_state
 from fleet_server.broker import ManagedBroker

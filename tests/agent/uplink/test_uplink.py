@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.decisionlog import QUEUED, UPLOADED, DecisionLog, DecisionLogConfig
-from agent.identity import Identity
+from agent.enrollment.identity import Identity
 from agent.uplink import SysInfo, Uplink, UplinkError
 from agent.uplink.acks import AckTracker
 from agent.uplink.decisions import make_batch, pending_rows, rows_in_state, to_wire

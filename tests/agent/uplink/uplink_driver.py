@@ -18,7 +18,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from agent.identity import Identity
+from agent.enrollment.identity import Identity
 from agent.uplink import Uplink, UplinkConfig
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from agent.decisionlog import DecisionLog, DecisionLogConfig
-from agent.identity import Identity, enroll
+from agent.enrollment.identity import Identity, enroll
 from agent.uplink import Uplink, UplinkConfig
 from fleet_server.broker import ManagedBroker, MosquittoConfig
 from tests.agent.decisionlog.decisionlog_driver import make_record
-from tests.agent.fleet_enroll_server import EnrollServer
+from tests.agent.enrollment.fleet_enroll_server import EnrollServer
 from tests.agent.update.tuf_repo import TufRepo
 from tests.support.broker import free_port
 from tests.support.tls_peers import WAIT_S, Peer, Pki, make_ca

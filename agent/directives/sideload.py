@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.config import AgentConfig
+from agent.directives.link import Report, apply_directive, make_client
 from agent.errors import AgentError
-from agent.fleetlink.link import Report, apply_directive, make_client
 from agent.installer import Installer
 from agent.kernel.readlimit import read_at_most
 from agent.update.directive import MAX_DIRECTIVE_BYTES

@@ -1,5 +1,5 @@
 """The running agent's side of bundle delivery: a retained directive arrives on the
-device's topic, is applied (:func:`agent.fleetlink.link.apply_directive`) with the
+device's topic, is applied (:func:`agent.directives.link.apply_directive`) with the
 agent's own pipelines as the health probe, and the install report is published back
 (retained) for the rollout controller."""
 
@@ -17,9 +17,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.fleetlink.config import FleetConfig
-from agent.fleetlink.link import Report, apply_directive, make_client
-from agent.identity import Identity
+from agent.directives.config import FleetConfig
+from agent.directives.link import Report, apply_directive, make_client
+from agent.enrollment.identity import Identity
 from agent.installer import Installer
 from agent.kernel.clientid import secret_client_id
 from agent.kernel.mqttguard import MqttGuard
@@ -68,7 +68,7 @@ class AgentProbe:
         }
 
 
-class UpdateService:
+class DirectivesService:
     """Subscribes to the device's directive topic; applies the newest directive on a
     thread of its own (never on the hot path); publishes each report."""
 

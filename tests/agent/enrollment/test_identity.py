@@ -18,7 +18,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.identity import (
+from agent.enrollment.cli import cmd_enroll
+from agent.enrollment.identity import (
     CA_FILE,
     CERT_FILE,
     FLEET_FILE,
@@ -33,11 +34,10 @@ from agent.identity import (
 from agent.kernel.errors import ConfigError
 from agent.update.fetchers import MqttFetcher
 from agent.update.trust import ROOT_FILE
-from agent.uplink.cli import cmd_enroll
 from agent.wire import topics
 from fleet_server.broker import ManagedBroker, MosquittoConfig
 from fleet_server.distribution.file_server import MqttFileServer
-from tests.agent.fleet_enroll_server import EnrollServer
+from tests.agent.enrollment.fleet_enroll_server import EnrollServer
 from tests.agent.update.tuf_repo import TufRepo
 from tests.support.broker import free_port
 from tests.support.tls_peers import WAIT_S, Pki, make_ca

@@ -14,8 +14,8 @@ from typing import Any
 
 from tuf.ngclient.fetcher import FetcherInterface
 
+from agent.directives.config import FleetConfig
 from agent.errors import AgentError
-from agent.fleetlink.config import FleetConfig
 from agent.installer import Installer, InstallError
 from agent.kernel.durable import write_durable
 from agent.kernel.readlimit import read_at_most
