@@ -80,7 +80,9 @@ def test_failed_migration_keeps_neither_tables_nor_a_version(db_url: str) -> Non
 
 
 def test_two_servers_upgrading_at_once_both_end_at_head(db_url: str) -> None:
-    engines = [make_engine(db_url) for _ in range(2)]
+    # The second server waits on SQLite's write lock while the first migrates: give it as
+    # long as the test waits (the 10 s default is short on a loaded CI machine).
+    engines = [make_engine(db_url, busy_timeout_s=JOIN_TIMEOUT_S) for _ in range(2)]
     barrier = threading.Barrier(2, timeout=JOIN_TIMEOUT_S)
     errors: list[BaseException] = []
 
