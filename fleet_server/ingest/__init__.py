@@ -5,7 +5,8 @@ into a :class:`Sink`; :mod:`fleet_server.ingest.sim` is a simulated fleet for be
 
 from fleet_server.ingest.batch import INGEST_TOPICS
 from fleet_server.ingest.sink import MemorySink, Quarantined, Sink
-from fleet_server.ingest.worker import IngestError, IngestStats, IngestWorker
+from fleet_server.ingest.stats import IngestStats
+from fleet_server.ingest.worker import IngestError, IngestWorker
 
 __all__ = [
     "INGEST_TOPICS",

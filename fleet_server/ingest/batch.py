@@ -51,7 +51,7 @@ from fleet_server.ingest.failures import RetryPolicy, classify, describe
 
 if TYPE_CHECKING:
     from fleet_server.ingest.sink import Sink
-    from fleet_server.ingest.worker import IngestStats
+    from fleet_server.ingest.stats import IngestStats
 
 log = logging.getLogger(__name__)
 
