@@ -25,8 +25,9 @@ from runtime.errors import (
     RequestTimeout,
     WorkerCrashed,
 )
-from runtime.pool import ModelInfo, WorkerPool
+from runtime.pool import WorkerPool
 from runtime.preprocess import PreprocessSpec
+from runtime.probe import ModelInfo
 from runtime.request import Request, Reservation
 from runtime.scheduler import Priority
 

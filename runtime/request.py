@@ -6,17 +6,47 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from runtime._internal import protocol
+from runtime._internal.shm import SlotViews
 from runtime.backends.base import Array
 from runtime.errors import EdgeRuntimeError, InputShapeError, InputTooLarge, RequestTimeout
 from runtime.scheduler import Priority
 
-if TYPE_CHECKING:
-    from runtime.pool import WorkerPool
-
 log = logging.getLogger(__name__)
+
+
+class SlotPool(Protocol):
+    """What a request and a reservation need of the pool that holds their slot.
+
+    The pool's dispatcher (:class:`runtime.dispatch.Dispatcher`) implements it; a
+    request knows its pool only through these calls, so this module imports no pool.
+    """
+
+    def model_name(self, model: int) -> str:
+        """The name of the model at index ``model``, for error messages."""
+        ...
+
+    def views(self, model: int) -> SlotViews:
+        """The shared-memory views of ``model``'s slots (inputs, outputs, frames)."""
+        ...
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a filled reservation's request for a worker."""
+        ...
+
+    def cancel(self, request: Request) -> None:
+        """Give back an unsubmitted reservation's queue place and slot."""
+        ...
+
+    def release(self, request: Request) -> None:
+        """Free a finished request's slot (called once, by :meth:`Request.release`)."""
+        ...
+
+    def abandon(self, request: Request) -> None:
+        """Stop waiting for ``request``: its slot is freed when it ends."""
+        ...
 
 
 class Request:
@@ -47,7 +77,7 @@ class Request:
 
     def __init__(
         self,
-        pool: WorkerPool,
+        pool: SlotPool,
         model: int,
         slot: int,
         priority: Priority,
@@ -88,8 +118,8 @@ class Request:
                 its slot freed when it ends.
         """
         if not self._done.wait(timeout_s):
-            self._pool._abandon(self)
-            raise RequestTimeout(self._pool.models[self.model].name, timeout_s or 0.0)
+            self._pool.abandon(self)
+            raise RequestTimeout(self._pool.model_name(self.model), timeout_s or 0.0)
         if self._error is not None:
             raise self._error
         return self
@@ -98,13 +128,13 @@ class Request:
     def outputs(self) -> list[Array]:
         if self._released or not self._done.is_set() or self._error is not None:
             raise RuntimeError("outputs are only readable after success and before release")
-        return self._pool._views[self.model].outputs[self.slot]
+        return self._pool.views(self.model).outputs[self.slot]
 
     def release(self) -> None:
         """Free the slot (idempotent)."""
         if not self._released:
             self._released = True
-            self._pool._release(self)
+            self._pool.release(self)
 
     def __enter__(self) -> Request:
         return self
@@ -112,7 +142,14 @@ class Request:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def _finish(self, error: EdgeRuntimeError | None) -> None:
+    def mark_released(self) -> None:
+        """The pool took the slot back itself (a failed request has nothing to read):
+        :meth:`release` does nothing from now on."""
+        self._released = True
+
+    def finish(self, error: EdgeRuntimeError | None) -> None:
+        """End the request (the pool's I/O thread calls it once): wake waiters, call the
+        callback."""
         self._error = error
         self._done.set()
         if self._callback is not None:
@@ -128,7 +165,7 @@ class Reservation:
     Leaving a ``with`` block without submitting gives the place back.
     """
 
-    def __init__(self, pool: WorkerPool, request: Request) -> None:
+    def __init__(self, pool: SlotPool, request: Request) -> None:
         self._pool = pool
         self._request = request
         self._submitted = False
@@ -136,7 +173,7 @@ class Reservation:
     @property
     def inputs(self) -> list[Array]:
         """The slot's input tensors, in model input order."""
-        return self._pool._views[self._request.model].inputs[self._request.slot]
+        return self._pool.views(self._request.model).inputs[self._request.slot]
 
     def frame(self, height: int, width: int, channels: int = 3) -> Array:
         """A uint8 frame buffer in the slot for the worker to preprocess.
@@ -149,27 +186,27 @@ class Reservation:
         """
         limit = protocol.MAX_FRAME_SIDE
         if not all(0 < n <= limit for n in (height, width)) or channels not in (1, 3):
-            name = self._pool.models[self._request.model].name
+            name = self._pool.model_name(self._request.model)
             raise InputShapeError(name, (limit, limit, 3), (height, width, channels))
         need = height * width * channels
-        layout = self._pool._views[self._request.model].layout
+        layout = self._pool.views(self._request.model).layout
         if need > layout.frame_bytes:
-            name = self._pool.models[self._request.model].name
+            name = self._pool.model_name(self._request.model)
             raise InputTooLarge(name, layout.frame_bytes, need)
         self._request.frame_shape = (height, width, channels)
-        return self._pool._views[self._request.model].frame(
+        return self._pool.views(self._request.model).frame(
             self._request.slot, (height, width, channels)
         )
 
     def submit(self) -> Request:
         self._submitted = True
-        self._pool._enqueue(self._request)
+        self._pool.enqueue(self._request)
         return self._request
 
     def cancel(self) -> None:
         if not self._submitted:
             self._submitted = True
-            self._pool._cancel(self._request)
+            self._pool.cancel(self._request)
 
     def __enter__(self) -> Reservation:
         return self
