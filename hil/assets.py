@@ -1,19 +1,19 @@
 """What a device under test replays and runs: the conveyor video and the bundles.
 
-Made with the demo's own helpers (``scripts/demo.py``: ``make_video``, ``make_bundles``)
-from the pretrained models ``make models`` fetched; each is made once per cache.
+Made with the demo's own builders (:mod:`hil.demo_assets`: ``make_video``,
+``make_bundles``) from the pretrained models ``make models`` fetched; each is made once
+per cache.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 from hil.agentconf import BUNDLE
+from hil.demo_assets import make_bundles, make_video
 from hil.errors import FleetSetupError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,18 +36,6 @@ class Assets:
     release2: Path
 
 
-def _demo() -> ModuleType:
-    path = ROOT / "scripts" / "demo.py"
-    if not path.is_file():
-        raise FleetSetupError(f"{path} not found: run hil from a checkout of the repository")
-    spec = importlib.util.spec_from_file_location("edgefleet_demo", path)
-    if spec is None or spec.loader is None:
-        raise FleetSetupError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def prepare(cache: Path, models: Path = DEFAULT_MODELS) -> Assets:
     """Make (or reuse) the video and bundles under ``cache``.
 
@@ -58,15 +46,14 @@ def prepare(cache: Path, models: Path = DEFAULT_MODELS) -> Assets:
     for name in ("ppocr_mobile_v2_cls.onnx", "ppocr_v4_det.onnx"):
         if not (models / name).is_file():
             raise FleetSetupError(f"model {models / name} is missing: run `make models`")
-    demo = _demo()
     cache.mkdir(parents=True, exist_ok=True)
     video = cache / "line.avi"
     if not video.exists():
-        demo.make_video(video)
+        make_video(video)
     bundles = cache / "bundles"
     try:
-        demo.make_bundles(models, bundles)
-    except Exception as exc:  # the demo helper runs fleetctl; say which step failed
+        make_bundles(models, bundles)
+    except Exception as exc:  # the builder runs fleetctl; say which step failed
         raise FleetSetupError(f"making the bundles in {bundles} failed: {exc}") from exc
     bundle = bundles / BUNDLE
     release2 = cache / f"{BUNDLE}-r2"

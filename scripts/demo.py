@@ -22,7 +22,6 @@ What it does (each step is skipped when its output already exists):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -33,116 +32,10 @@ import threading
 import time
 from pathlib import Path
 
-import cv2
-import numpy as np
+from hil.demo_assets import edit_manifest, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-
-W, H, FPS = 640, 480, 15
-CARD_W, CARD_H, SPEED = 420, 120, 24  # a card crosses the view in ~2.9 s
-LABELS = ["LOT 4821 EXP 2027-03", "LOT 4822 EXP 2027-04", "BATCH 77A QC OK", "LOT 4823 EXP 2027-05"]
-
-
-def make_video(path: Path) -> None:
-    """Label cards crossing a conveyor; the card with index 3 (mod 4) is upside down."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.avi")
-    out = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"MJPG"), FPS, (W, H))
-    card_w, card_h, speed = CARD_W, CARD_H, SPEED
-    period = (W + card_w) // speed
-    for i in range(period * len(LABELS)):  # four cards, then the loop starts over
-        img = np.full((H, W, 3), (90, 95, 100), np.uint8)
-        cv2.rectangle(img, (0, 150), (W, 330), (60, 62, 64), -1)  # the belt
-        n, t = divmod(i, period)
-        card = np.full((card_h, card_w, 3), 245, np.uint8)
-        text = LABELS[n % len(LABELS)]
-        cv2.putText(card, text, (14, 76), cv2.FONT_HERSHEY_SIMPLEX, 1.05, (20, 20, 20), 3)
-        if n % 4 == 3:
-            card = cv2.rotate(card, cv2.ROTATE_180)
-        x = W - t * speed
-        xa, xb = max(0, x), min(W, x + card_w)
-        if xb > xa:
-            img[180 : 180 + card_h, xa:xb] = card[:, xa - x : xb - x]
-        out.write(img)
-    out.release()
-    tmp.replace(path)
-
-
-def _edit(manifest: Path, **changes: object) -> None:
-    data = json.loads(manifest.read_text())
-    data.update(changes)
-    manifest.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def make_bundles(models: Path, bundles: Path) -> None:
-    det, cls = bundles / "text-det", bundles / "text-cls"
-    fleetctl = str(BIN / "fleetctl")
-    if not (det / "manifest.json").exists():
-        shutil.rmtree(det, ignore_errors=True)
-        subprocess.run(
-            [
-                fleetctl,
-                "bundle",
-                "init",
-                str(models / "ppocr_v4_det.onnx"),
-                "--out",
-                str(det),
-                "--name",
-                "text-det",
-                "--version",
-                "4.0.0",
-                "--input-shape",
-                f"1x3x{H}x{W}",
-            ],
-            check=True,
-        )
-        data = json.loads((det / "manifest.json").read_text())
-        pre = data["preprocess"] | {
-            "color": "bgr",
-            "mean": [0.485, 0.456, 0.406],
-            "std": [0.229, 0.224, 0.225],
-        }
-        _edit(
-            det / "manifest.json",
-            preprocess=pre,
-            postprocess={
-                "kind": "detection",
-                "format": "heatmap",
-                "threshold": 0.3,
-                "max_detections": 8,
-                "min_area": 200.0,
-                "labels": ["text"],
-                "unclip_ratio": 1.5,
-            },
-            latency_budget_ms=150.0,
-        )
-    if not (cls / "manifest.json").exists():
-        shutil.rmtree(cls, ignore_errors=True)
-        subprocess.run(
-            [
-                fleetctl,
-                "bundle",
-                "init",
-                str(models / "ppocr_mobile_v2_cls.onnx"),
-                "--out",
-                str(cls),
-                "--name",
-                "text-cls",
-                "--version",
-                "2.0.0",
-                "--input-shape",
-                "1x3x48x192",
-            ],
-            check=True,
-        )
-        data = json.loads((cls / "manifest.json").read_text())
-        pre = data["preprocess"] | {"color": "bgr", "mean": [0.5] * 3, "std": [0.5] * 3}
-        _edit(
-            cls / "manifest.json",
-            preprocess=pre,
-            postprocess={"kind": "classification", "top_k": 2, "labels": ["0", "180"]},
-        )
 
 
 CONFIG = """# The demo agent: one camera (a looped video), PP-OCRv4 text detection, then the text
@@ -218,7 +111,7 @@ def make_fleet(demo: Path) -> dict[str, str]:
     run("repo", "init", "--repo", repo, "--keystore", keys)
     r2 = fleet / "text-det-r2"
     shutil.copytree(demo / "bundles" / "text-det", r2)
-    _edit(r2 / "manifest.json", version="4.0.1", release=2, latency_budget_ms=1000.0)
+    edit_manifest(r2 / "manifest.json", version="4.0.1", release=2, latency_budget_ms=1000.0)
     run("bundle", "publish", str(r2), "--repo", repo, "--keystore", keys)
     print(f"== fleet: keys in {keys} (encrypted), text-det 4.0.1 release 2 signed in {repo}")
     return env
@@ -302,10 +195,7 @@ def main() -> int:
     ap.add_argument("--prepare-only", action="store_true", help="video and bundles only")
     args = ap.parse_args()
     demo = Path(args.dir)
-    demo.mkdir(parents=True, exist_ok=True)
-    if not (demo / "line.avi").exists():
-        make_video(demo / "line.avi")
-    make_bundles(Path(args.models), demo / "bundles")
+    prepare(demo, Path(args.models))
     if args.prepare_only:
         return 0
     shutil.rmtree(demo / "state", ignore_errors=True)  # each demo starts a fresh device

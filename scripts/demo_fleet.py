@@ -1,7 +1,7 @@
 """``make demo``: the fleet server with its Mosquitto, two agents on looped videos, and a
 signed model rolled out to them in waves, every step printed.
 
-1. a conveyor video and two bundles from real pretrained models (``scripts/demo.py``):
+1. a conveyor video and two bundles from real pretrained models (:mod:`hil.demo_assets`):
    PP-OCRv4 text detection, then the PP-OCR direction classifier on each text box;
 2. the fleet: an encrypted keystore (a passphrase made for this run only), a TUF
    repository with text-det 4.0.1 (release 2) signed in it, and ``fleet-server serve``
@@ -34,8 +34,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo
+import demo  # the demo's local Mosquitto (start_broker)
 
+from hil.demo_assets import edit_manifest, prepare
 from runtime.profiles import load_profile
 
 BIN = Path(sys.executable).parent
@@ -144,10 +145,7 @@ def main() -> int:
     ap.add_argument("--dir", default=str(demo.ROOT / ".cache/demo"))
     args = ap.parse_args()
     d = Path(args.dir).resolve()
-    d.mkdir(parents=True, exist_ok=True)
-    if not (d / "line.avi").exists():
-        demo.make_video(d / "line.avi")
-    demo.make_bundles(Path(args.models), d / "bundles")
+    prepare(d, Path(args.models))
     fleet = d / "fleet"
     shutil.rmtree(fleet, ignore_errors=True)
     shutil.rmtree(d / "agents", ignore_errors=True)
@@ -163,7 +161,7 @@ def main() -> int:
     fleetctl(env, "repo", "init", "--repo", str(repo), "--keystore", str(keys))
     r2 = fleet / "text-det-r2"
     shutil.copytree(d / "bundles" / "text-det", r2)
-    demo._edit(r2 / "manifest.json", version="4.0.1", release=2, latency_budget_ms=1000.0)
+    edit_manifest(r2 / "manifest.json", version="4.0.1", release=2, latency_budget_ms=1000.0)
     fleetctl(env, "bundle", "publish", str(r2), "--repo", str(repo), "--keystore", str(keys))
     (fleet / "fleet.toml").write_text(
         f'[server]\nstate_dir = "state"\n[http]\nport = {api}\n'
