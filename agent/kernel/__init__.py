@@ -11,8 +11,11 @@ part of ``agent/`` that ``fleet_server`` imports (``tests/test_layers.py`` check
 - :mod:`agent.kernel.secrets`: secrets from ``$CREDENTIALS_DIRECTORY`` or the environment;
 - :mod:`agent.kernel.readlimit`: reading a file no larger than a limit;
 - :mod:`agent.kernel.bundle`: model bundles on disk (load, digest, create);
-- :mod:`agent.kernel.mqttguard` and :mod:`agent.kernel.clientid`: supervised paho clients
-  and client ids no other client can guess.
+- :mod:`agent.kernel.mqtt`: the one MQTT session helper every client goes through
+  (connect, reconnect, reason codes, subscription registry, publishes and their answers:
+  :mod:`agent.kernel.mqttoptions`, :mod:`agent.kernel.mqttpublish`), on
+  :mod:`agent.kernel.mqttguard` (wrapped callbacks, a supervised network thread);
+  :mod:`agent.kernel.clientid`: client ids no other client can guess.
 
 Nothing here imports the rest of ``agent`` or ``fleet_server``.
 """
