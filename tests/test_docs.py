@@ -168,7 +168,7 @@ def _layout_block() -> str:
 
 def test_readme_layout_matches_the_tree() -> None:
     layout = _layout_block()
-    named = re.findall(r"^\s*([\w./-]+/?)(?=\s|$)", layout, flags=re.MULTILINE)
+    named = re.findall(r"^ {0,2}([\w./-]+/?)(?=\s|$)", layout, flags=re.MULTILINE)
     paths = [n for n in named if "/" in n or "." in n]
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"README.md's Layout names what does not exist: {missing}"
