@@ -123,6 +123,7 @@ class MqttSession:
         self._suback: dict[int, list[Subscription]] = {}
         self._unsuback: dict[int, threading.Event] = {}
         self._unsuback_early: set[int] = set()
+        self._suback_early: dict[int, list[ReasonCode]] = {}
         self._listeners: list[_Listener] = []
         self._started = False
         self._stopping = False
@@ -292,7 +293,11 @@ class MqttSession:
             self._fail_subs(subs, why)
             return
         with self._lock:
-            self._suback[mid] = subs
+            early = self._suback_early.pop(mid, None)
+            if early is None:
+                self._suback[mid] = subs
+        if early is not None:  # the SUBACK came before we looked
+            self._granted(subs, early)
 
     def _fail_subs(self, subs: list[Subscription], why: str) -> None:
         self.last_error = why
@@ -376,6 +381,8 @@ class MqttSession:
             if self._connected.is_set():
                 self.generation += 1
             self._connected.clear()
+            self._suback.clear()  # a SUBACK of the lost connection never comes
+            self._suback_early.clear()
             for s in self._subs.values():
                 s.granted.clear()
             listeners = list(self._listeners)
@@ -393,7 +400,14 @@ class MqttSession:
         self, _c: mqtt.Client, _u: Any, mid: int, codes: list[ReasonCode], _p: Any
     ) -> None:
         with self._lock:
-            subs = self._suback.pop(mid, [])
+            subs = self._suback.pop(mid, None)
+            if subs is None:
+                if len(self._suback_early) < 1024:
+                    self._suback_early[mid] = list(codes)
+                return
+        self._granted(subs, codes)
+
+    def _granted(self, subs: list[Subscription], codes: list[ReasonCode]) -> None:
         for sub, code in zip(subs, codes, strict=False):
             if code.is_failure:
                 with self._lock:
