@@ -342,7 +342,7 @@ class MqttSession:
         if reason.is_failure:
             with self._lock:
                 self.counts["connect_refused"] += 1
-            self._went_down(f"{self.where} refused the connection: {reason}", error=True)
+            self._went_down(f"broker {self.where} refused the connection: {reason}", error=True)
             return
         with self._lock:
             self.counts["connects"] += 1
@@ -360,7 +360,7 @@ class MqttSession:
     def _on_connect_fail(self, _c: mqtt.Client, _u: Any) -> None:
         with self._lock:
             self.counts["connect_failed"] += 1
-        self._went_down(f"can't connect to {self.where}", error=True)
+        self._went_down(f"can't connect to broker {self.where}", error=True)
 
     def _on_disconnect(
         self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
@@ -371,7 +371,9 @@ class MqttSession:
             self.counts["disconnects"] += 1
         if not self._stopping:
             log.warning("%s: lost %s: %s", self.name, self.where, reason)
-        self._went_down(f"disconnected from {self.where}: {reason}", error=not self._stopping)
+        self._went_down(
+            f"disconnected from broker {self.where}: {reason}", error=not self._stopping
+        )
 
     def _lost_thread(self) -> None:
         self._went_down("MQTT thread died; reconnecting", error=True)

@@ -1,10 +1,9 @@
 """A sensor whose readings arrive on a topic of the device's local MQTT broker.
 
-paho-mqtt with version-2 callbacks, ``connect_async`` + ``loop_start``; paho reconnects
-after a lost connection and the sensor subscribes again on every connect. Every reason
-code is checked: a refused connect or subscription leaves the sensor down, with the reason.
-Every callback is wrapped and paho's thread supervised (:class:`agent.kernel.mqttguard.MqttGuard`):
-no payload stops the sensor from reading. A sensor with no reading for longer than
+One MQTT session (:class:`agent.kernel.mqtt.MqttSession`): it reconnects after a lost
+connection and subscribes again on every connect; a refused connect or subscription
+leaves the sensor down, with the reason; every callback is wrapped and paho's thread
+supervised: no payload stops the sensor from reading. A sensor with no reading for longer than
 ``max_silence_s`` is reported silent (:meth:`MqttSensor.silent_s`).
 """
 
@@ -13,14 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import SensorError
+from agent.kernel.mqtt import MqttSession, SessionOptions
 from agent.kernel.mqttguard import MqttGuard
 from agent.mqtt_config import LocalMqttConfig
 from agent.sensors.base import SensorSource, SensorStats
@@ -41,12 +37,17 @@ class MqttSensor(SensorSource):
         super().__init__(config)
         self.broker = broker
         self.client_id = f"{broker.client_id_prefix}-sensor-{config.name}"
-        self._client: mqtt.Client | None = None
+        self.session: MqttSession | None = None
         self._stopping = threading.Event()
         self._messages = 0
         self._since = time.monotonic()
         """When the last reading came (or the sensor started)."""
         self.guard = MqttGuard(f"sensor {config.name}")
+
+    @property
+    def _client(self) -> mqtt.Client | None:
+        """The paho client of the running session (None when stopped)."""
+        return None if self.session is None else self.session.client
 
     def start(self) -> None:
         """Connect in the background; the sensor is up once the subscription is granted.
@@ -54,48 +55,39 @@ class MqttSensor(SensorSource):
         Raises:
             SensorError: the sensor is already running.
         """
-        if self._client is not None:
+        if self.session is not None:
             raise SensorError(self.name, "already started")
         self._stopping.clear()
         self._slot.reopen()
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=mqtt.MQTTv5,
-        )
-        if self.broker.username:
-            client.username_pw_set(self.broker.username, self.broker.password())
-        guard = self.guard = MqttGuard(f"sensor {self.name}", check_s=self.guard.check_s)
-        client.on_connect = guard.wrap("on_connect", self._on_connect)
-        client.on_connect_fail = guard.wrap("on_connect_fail", self._on_connect_fail)
-        client.on_disconnect = guard.wrap("on_disconnect", self._on_disconnect)
-        client.on_subscribe = guard.wrap("on_subscribe", self._on_subscribe)
-        client.on_message = guard.wrap("on_message", self._on_message)
-        client.reconnect_delay_set(_RECONNECT_MIN_S, _RECONNECT_MAX_S)
-        self._client = client
-        self._since = time.monotonic()
-        guard.start(
-            client,
-            lambda: client.connect_async(
-                self.broker.host, self.broker.port, self.broker.keepalive_s
+        b = self.broker
+        session = MqttSession(
+            f"sensor {self.name}",
+            SessionOptions(
+                host=b.host,
+                port=b.port,
+                client_id=self.client_id,
+                keepalive_s=b.keepalive_s,
+                username=b.username,
+                password=b.password(),
+                reconnect_min_s=_RECONNECT_MIN_S,
+                reconnect_max_s=_RECONNECT_MAX_S,
+                check_s=self.guard.check_s,
             ),
-            on_restart=lambda: self._set_up(False, "MQTT thread died; reconnecting"),
         )
+        self.guard = session.guard
+        session.add_listener(on_down=self._on_down)
+        session.subscribe(self.config.topic, self._on_message, qos=_QOS, on_suback=self._on_suback)
+        self.session = session
+        self._since = time.monotonic()
+        session.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Disconnect and end paho's thread, waiting up to ``timeout_s``."""
         self._stopping.set()
         self._slot.close()
-        client, self._client = self._client, None
-        self.guard.stop()
-        if client is not None:
-            client.disconnect()
-            # loop_stop joins paho's thread without a timeout: bound it from here
-            stopper = threading.Thread(target=client.loop_stop, daemon=True)
-            stopper.start()
-            stopper.join(max(0.0, timeout_s))
-            if stopper.is_alive():
-                logger.warning("sensor %s: MQTT thread did not end in %.1f s", self.name, timeout_s)
+        session, self.session = self.session, None
+        if session is not None:
+            session.stop(timeout_s)
         self._set_up(False, "stopped", failure=False)
 
     def silent_s(self) -> float:
@@ -118,64 +110,23 @@ class MqttSensor(SensorSource):
         out["silent"] = self.silent
         return out
 
-    # --- paho callbacks (paho's thread) ---------------------------------------------------
+    # --- session callbacks (paho's thread) -----------------------------------------------
 
-    def _on_connect(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.ConnectFlags,
-        reason_code: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
-        if reason_code.is_failure:
-            reason = f"broker {self.broker.host}:{self.broker.port} refused: {reason_code}"
-            self._count_error(reason)
-            self._set_up(False, reason)
-            return
-        result, _ = client.subscribe(self.config.topic, qos=_QOS)
-        if result != mqtt.MQTT_ERR_SUCCESS:
-            reason = f"subscribe to {self.config.topic} failed: {mqtt.error_string(result)}"
-            self._count_error(reason)
-            self._set_up(False, reason)
-
-    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
-        reason = f"can't connect to broker {self.broker.host}:{self.broker.port}"
-        self._count_error(reason)
-        self._set_up(False, reason)
-
-    def _on_subscribe(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        mid: int,
-        reason_codes: list[ReasonCode],
-        properties: Properties | None,
-    ) -> None:
-        refused = [rc for rc in reason_codes if rc.is_failure]
-        if refused:
-            reason = f"subscription to {self.config.topic} refused: {refused[0]}"
+    def _on_suback(self, granted: bool, reason: str) -> None:
+        if not granted:
             self._count_error(reason)
             self._set_up(False, reason)
             return
         self._set_up(True, f"subscribed to {self.config.topic}")
 
-    def _on_disconnect(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        flags: mqtt.DisconnectFlags,
-        reason_code: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
+    def _on_down(self, reason: str) -> None:
         self._reset_window()  # readings across a gap are no time series
         if self._stopping.is_set():
             return
-        reason = f"disconnected from broker {self.broker.host}:{self.broker.port}: {reason_code}"
         self._count_error(reason)
         self._set_up(False, reason)
 
-    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, message: mqtt.MQTTMessage) -> None:
         t_ns = time.perf_counter_ns()
         wall = time.time()
         self._messages += 1

@@ -84,7 +84,7 @@ def test_an_exception_in_delivery_is_caught_counted_and_the_thread_goes_on(
     st = sensor.stats()
     assert st["callback_errors"] == 1
     assert st["thread_alive"] is True
-    assert sensor.guard.last_error.startswith("on_message: OverflowError")
+    assert sensor.guard.last_error.startswith("on_message line/buggy: OverflowError")
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
