@@ -78,15 +78,15 @@ demo: sysdeps $(STAMP) $(MODELS)
 # PostgreSQL).
 bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-runtime targets $(BENCH_MODEL) --rounds 5 --duration 3 --json .cache/bench.json
-	$(PY) scripts/demo.py --dir $(DEMO) --prepare-only
+	$(PY) -m hil.demo_assets --dir $(DEMO) --models .cache/models
 	$(VENV)/bin/edge-agent bench --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --duration 20 --load 0.6 --json .cache/bench-agent.json
 	$(VENV)/bin/edge-agent bench-log --rows 200000 --json .cache/bench-log.json
-	$(PY) -m fleet_server.bench_fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
-	$(PY) -m fleet_server.bench_drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
+	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
+	$(VENV)/bin/hil bench drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
-	$(PY) -m fleet_server.review.bench --decisions 1000000 --devices 1000 --json .cache/bench-review.json
-	$(PY) -m fleet_server.review.bench --decisions 1000000 --devices 1000 --postgres \
+	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --json .cache/bench-review.json
+	PYTHONPATH=. $(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --postgres \
 	  --json .cache/bench-review-pg.json
 
 # The six HIL scenarios at CI size (60 s offline and 60 s of loss instead of 10 and 5

@@ -1,4 +1,5 @@
-"""``hil``: list the HIL scenarios, or run them against simulated or real devices.
+"""``hil``: list the HIL scenarios, run them against simulated or real devices, or run a
+bench (``hil bench fleet|drain|ingest|review``, :mod:`hil.bench`).
 
 The library raises; this module turns its errors into one line on stderr and exit code 2.
 ``hil run`` exits 0 when every invariant held, 1 when one did not (or could not be
@@ -8,12 +9,14 @@ judged), 2 when the run could not start.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
 import time
 from pathlib import Path
 
+from hil.bench import BENCHES
 from hil.errors import HilError
 from hil.report import render_table
 from hil.runner import RunOptions, check_names, run
@@ -28,6 +31,8 @@ EPILOG = """examples:
   hil run all --short --report .cache/hil/report.json
   hil run offline packet-loss --scale 0.5
   hil run all --device 'ssh://nvidia@192.168.55.1?iface=eth0' --fleet-host 10.0.0.5
+  hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
+  hil bench drain --help
 """
 
 
@@ -75,6 +80,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if report.passed else EXIT_FAILED
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run a bench's own ``main`` with the rest of the command line (its flags, its exit
+    code); imported here, so that ``hil list`` and ``hil run`` don't load the benches."""
+    bench = importlib.import_module(BENCHES[args.bench])
+    return int(bench.main(args.args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hil",
@@ -105,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--models", help="pretrained models (default .cache/models)")
     r.add_argument("--fleet-host", help="with ssh://: this machine's address the device reaches")
     r.set_defaults(func=cmd_run)
+    b = sub.add_parser(
+        "bench",
+        help="run a bench: fleet, drain, ingest or review (its flags follow its name)",
+        epilog="example: hil bench review --decisions 100000 --devices 100 --json out.json\n"
+        "         hil bench drain --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("bench", choices=list(BENCHES), help="which bench")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="the bench's flags (see NAME --help)")
+    b.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from fleet_server.db._tx import Bind
 from fleet_server.db._tx import writing as write_transaction
-from fleet_server.db.bench import IngestBench, bench_ingest
 from fleet_server.db.devices import (
     PROFILE_KEY,
     Device,
@@ -62,12 +61,10 @@ __all__ = [
     "EnrollmentToken",
     "EventRecord",
     "ImageRecord",
-    "IngestBench",
     "Quarantined",
     "Record",
     "RolloutDevice",
     "RolloutRecord",
-    "bench_ingest",
     "consume_token",
     "count_records",
     "create_token",

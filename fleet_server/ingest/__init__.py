@@ -1,6 +1,6 @@
 """Ingest: device reports from the broker into storage, idempotent, never stopped by a
 bad payload. :class:`IngestWorker` subscribes (shared, for several workers) and stores
-into a :class:`Sink`; :mod:`fleet_server.ingest.sim` is a simulated fleet for benches.
+into a :class:`Sink`.
 """
 
 from fleet_server.ingest.batch import INGEST_TOPICS

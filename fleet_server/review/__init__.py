@@ -9,9 +9,6 @@ reviews (the ground-truth labels), accuracy from those labels and CSV export.
 - :mod:`~fleet_server.review.export`: CSV of a filtered list, streamed.
 - :mod:`~fleet_server.review.images`: a decision's image (the thumbnail its device
   uploaded).
-- :mod:`~fleet_server.review.seed` (its images from
-  :mod:`~fleet_server.review.seed_images`) and :mod:`~fleet_server.review.bench`: the list
-  and the review pages at 1,000,000 decisions (``make bench``).
 
 docs/decision-review.md describes the whole; the HTTP endpoints are in
 :mod:`fleet_server.api.decisions`.

@@ -379,15 +379,7 @@ def test_rollout_and_device_statuses_commit_together_in_one_transaction(db: Engi
     assert len(store.list_rollout_devices(db, "r1")) == 1
 
 
-# -- bench and engines ---------------------------------------------------------------
-
-
-def test_bench_ingest_stores_every_row_once_and_reports_a_rate(db: Engine) -> None:
-    result = store.bench_ingest(db, 600, batch_size=200, devices=30)
-    assert (result.rows, result.inserted, result.backend) == (600, 600, db.dialect.name)
-    assert result.rows_per_s > 0
-    assert result.redelivered_per_s > 0
-    assert store.count_records(db, "heartbeats") == 600
+# -- engines ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from agent.wire.messages import (
     encode,
 )
 from fleet_server.ingest import IngestError, IngestWorker, MemorySink
-from fleet_server.ingest.sim import SimFleet, bench_ingest
+from hil.bench.simfleet import SimFleet
 from tests.support.broker import Broker, free_port
 
 TS = 1_750_000_000.0
@@ -414,16 +414,6 @@ def test_tls_files_that_are_missing_or_unpaired_are_refused(tmp_path: Path) -> N
         IngestWorker("127.0.0.1", 1, sink=MemorySink(), tls_ca=tmp_path / "no-ca.pem")
     with pytest.raises(IngestError, match="go together"):
         IngestWorker("127.0.0.1", 1, sink=MemorySink(), tls_cert=tmp_path / "c.pem")
-
-
-def test_bench_reports_ingest_throughput_per_worker(own_mosquitto: Broker) -> None:
-    result = bench_ingest(own_mosquitto.host, own_mosquitto.port, workers=1, devices=500, rounds=4)
-    print(
-        f"\ningest: {result.msgs_per_s_per_worker:.0f} msgs/s per worker "
-        f"({result.stored} records, {result.elapsed_s:.2f} s)"
-    )
-    assert (result.sent, result.stored, result.lost, result.duplicates) == (2000, 2000, 0, 0)
-    assert result.per_worker == (2000,)
 
 
 def test_a_simulated_fleet_sends_one_heartbeat_per_device_per_tick(

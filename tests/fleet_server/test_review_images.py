@@ -16,8 +16,8 @@ from agent.wire.messages import ThumbnailUpload
 from fleet_server.auth import PasswordHasher, add_user
 from fleet_server.auth.deps import COOKIE_NAME
 from fleet_server.ingest.sqlsink import SqlSink
-from fleet_server.review.seed_images import thumbnail
 from fleet_server.serve import FleetServer
+from hil.bench.seed_images import thumbnail
 from tests.fleet_server.auth_client import PASSWORD, Browser
 from tests.fleet_server.fleet_api_support import (
     HTTP_TIMEOUT_S,

@@ -34,7 +34,6 @@ from agent.wire.messages import (
 from fleet_server.db import store
 from fleet_server.db.tables import decisions, events, heartbeats, telemetry
 from fleet_server.ingest import IngestWorker
-from fleet_server.ingest.sqlbench import bench_sql_ingest
 from fleet_server.ingest.sqlsink import STATE_EVENT, SqlSink
 from tests.support.broker import Broker
 
@@ -372,16 +371,3 @@ def test_two_workers_on_one_shared_subscription_store_each_record_once(
     assert device.last_seen is not None
     assert started <= device.last_seen <= time.time()  # receive time, not the device's
     assert device.health is not None
-
-
-def test_bench_reports_sql_ingest_throughput_per_worker(db: Engine, own_mosquitto: Broker) -> None:
-    mosquitto = own_mosquitto  # no retained messages from other tests
-    result = bench_sql_ingest(mosquitto.host, mosquitto.port, db, devices=200, rounds=10)
-    print(
-        f"\nSQL ingest ({result.backend}): {result.msgs_per_s_per_worker:.0f} msgs/s per worker "
-        f"({result.stored} records, {result.elapsed_s:.2f} s)"
-    )
-    assert (result.sent, result.stored, result.in_database) == (2000, 2000, 2000)
-    assert (result.lost, result.duplicates) == (0, 0)
-    assert result.per_worker == (2000,)
-    assert result.msgs_per_s_per_worker > 0

@@ -24,7 +24,7 @@ from fleet_server.broker import ManagedBroker
 from fleet_server.db import open_database, sqlite_url
 from fleet_server.ingest import IngestWorker
 from fleet_server.ingest.sqlsink import SqlSink
-from fleet_server.linkproxy import LinkProxy
+from hil.linkproxy import LinkProxy
 from tests.agent.decisionlog.decisionlog_driver import make_record
 from tests.agent.uplink.uplink_fixtures import FAST, open_log, wait_until
 from tests.support.tls_peers import Pki

@@ -9,7 +9,7 @@ disk left (a warning), ``b1-04`` is offline.
 
 Every decision that is not a ``pass`` has the JPEG thumbnail its device would have
 uploaded (``[decision_log] thumbnails = "non-pass"``, the default): a 320 x 240 picture
-of the 640 x 480 frame with a scratch in each box (fleet_server.review.seed_images).
+of the 640 x 480 frame with a scratch in each box (hil.bench.seed_images).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from agent.wire.jpeg import jpeg_size
 from fleet_server.db import store
 from fleet_server.db.store import DecisionRecord, EventRecord, ImageRecord, Record
-from fleet_server.review.seed_images import thumbnail
+from hil.bench.seed_images import thumbnail
 
 LINES = {"plant-a": ("1", "2", "3"), "plant-b": ("1", "2")}
 PER_LINE = 5

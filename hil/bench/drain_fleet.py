@@ -1,8 +1,8 @@
-"""The fleet side of the drain bench (:mod:`fleet_server.bench_drain`), run in a child
+"""The fleet side of the drain bench (:mod:`hil.bench.drain`), run in a child
 process so that it shares the machine with the device but not its interpreter: a fleet
 server (managed Mosquitto with TLS, one ingest worker, an SQLite fleet database) and in
 front of its broker a TCP forwarder, the network link the bench cuts and restores
-(:class:`fleet_server.linkproxy.LinkProxy`). :class:`FleetSide` is the parent's handle on it.
+(:class:`hil.linkproxy.LinkProxy`). :class:`FleetSide` is the parent's handle on it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from fleet_server.bench_fleet import (
+from fleet_server.config import parse_config
+from fleet_server.db import sqlite_url, store
+from fleet_server.errors import FleetError
+from fleet_server.serve import FleetServer, Service
+from fleet_server.services import IngestService
+from hil.bench.fleet import (
     DEFAULT_MODEL,
     LABELS,
     PASSPHRASE_ENV,
@@ -28,12 +33,7 @@ from fleet_server.bench_fleet import (
     _make_repository,
     _recording,
 )
-from fleet_server.config import parse_config
-from fleet_server.db import sqlite_url, store
-from fleet_server.errors import FleetError
-from fleet_server.linkproxy import LinkProxy
-from fleet_server.serve import FleetServer, Service
-from fleet_server.services import IngestService
+from hil.linkproxy import LinkProxy
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A TCP forwarder on loopback between a device and its broker: the network link a test
-or a bench can cut (tests/agent/uplink/test_store_forward.py, :mod:`fleet_server.bench_drain`).
+or a bench can cut (tests/agent/uplink/test_store_forward.py, :mod:`hil.bench.drain`).
 :meth:`LinkProxy.cut` closes every connection through it and refuses new ones (a link
 down, as the device sees it: the connection dies, reconnects fail);
 :meth:`LinkProxy.restore` listens again on the same port. Bytes pass unchanged (TLS end

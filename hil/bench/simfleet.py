@@ -1,9 +1,8 @@
-"""A light simulated fleet for the scale bench, and the ingest throughput bench.
+"""A light simulated fleet for the ingest benches and the ingest tests.
 
 :class:`SimFleet` publishes heartbeats of the real contract for N device ids: through a
 few shared paho clients, or one client per device when each has its own TLS identity.
-:func:`bench_ingest` runs ingest workers on one shared subscription against a burst from
-such a fleet and reports messages per second per worker, and what was lost or doubled.
+:func:`hil.bench.ingest.bench_ingest` runs ingest workers against a burst from such a fleet.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from paho.mqtt.reasoncodes import ReasonCode
 from agent.wire import topics
 from agent.wire.messages import Heartbeat, encode
 from fleet_server.errors import FleetError
-from fleet_server.ingest.sink import MemorySink
-from fleet_server.ingest.worker import IngestWorker
 
 CONNECT_TIMEOUT_S = 10.0
 INFLIGHT = 200
@@ -203,83 +200,3 @@ class SimFleet:
         return SimReport(
             len(self.device_ids), len(self._pubs), acked, refused, time.monotonic() - start
         )
-
-
-@dataclass(frozen=True)
-class BenchResult:
-    """Figures of one ingest bench run."""
-
-    workers: int
-    sent: int
-    stored: int
-    duplicates: int
-    lost: int
-    elapsed_s: float
-    per_worker: tuple[int, ...]
-
-    @property
-    def msgs_per_s(self) -> float:
-        """Records stored per second, all workers together."""
-        return self.stored / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def msgs_per_s_per_worker(self) -> float:
-        """:attr:`msgs_per_s` divided by the number of workers."""
-        return self.msgs_per_s / self.workers
-
-
-def bench_ingest(
-    host: str,
-    port: int,
-    *,
-    workers: int = 1,
-    devices: int = 1000,
-    rounds: int = 10,
-    window: int = 2000,
-    group: str | None = None,
-    timeout_s: float = 60.0,
-) -> BenchResult:
-    """Ingest ``rounds`` heartbeats of ``devices`` devices as fast as they go, through
-    ``workers`` workers of one shared group, into one :class:`MemorySink`.
-
-    The fleet stays at most ``window`` messages ahead of what is stored, so the broker's
-    per-client queue never overflows.
-
-    Raises:
-        SimError: a client can't connect, or the records are not stored in ``timeout_s``.
-    """
-    sink = MemorySink()
-    group = group or f"bench-{uuid.uuid4().hex[:8]}"
-    pool = [IngestWorker(host, port, sink=sink, group=group) for _ in range(workers)]
-    for worker in pool:
-        worker.start()
-    try:
-        with SimFleet(host, port, devices=devices, prefix=f"b{uuid.uuid4().hex[:6]}") as fleet:
-            start = time.monotonic()
-            deadline = start + timeout_s
-            published = 0
-            for _ in range(rounds):
-                while published + devices - sink.total() > window:
-                    if time.monotonic() > deadline:
-                        raise SimError(f"records not stored within {timeout_s:g} s")
-                    time.sleep(0.002)
-                published += fleet.heartbeats()
-            fleet.wait_acked(published, max(0.0, deadline - time.monotonic()))
-            while sink.total() < fleet.sent()[0] and time.monotonic() < deadline:
-                time.sleep(0.002)
-            elapsed = time.monotonic() - start
-            sent = fleet.sent()[0]
-    finally:
-        for worker in pool:
-            worker.stop()
-    stats = [w.stats() for w in pool]
-    stored = sink.total()
-    return BenchResult(
-        workers=workers,
-        sent=sent,
-        stored=stored,
-        duplicates=sum(s.duplicates for s in stats),
-        lost=sent - stored,
-        elapsed_s=elapsed,
-        per_worker=tuple(s.stored for s in stats),
-    )

@@ -26,7 +26,7 @@ def _video(path: Path, frames: int = 30) -> Path:
 
 def _bench(*args: str, timeout_s: float = 110) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleet_server.bench_drain", *args],
+        [sys.executable, "-m", "hil.cli", "bench", "drain", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -95,4 +95,4 @@ def test_a_missing_bundle_is_named_in_one_line(tmp_path: Path) -> None:
 def test_help_shows_an_example() -> None:
     proc = _bench("--help", timeout_s=30)
     assert proc.returncode == 0
-    assert "example: python -m fleet_server.bench_drain" in proc.stdout
+    assert "example: hil bench drain" in proc.stdout

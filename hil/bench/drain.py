@@ -2,10 +2,10 @@
 goes from a device into the fleet database, and what draining it does to that device's
 live decision latency, in one run.
 
-The fleet side runs in a child process (:mod:`fleet_server.bench_drain_fleet`): a fleet
+The fleet side runs in a child process (:mod:`hil.bench.drain_fleet`): a fleet
 server with its managed Mosquitto (TLS), one ingest worker and an SQLite fleet database,
 and in front of the broker a TCP forwarder, the network link the bench cuts and restores.
-The device (:mod:`fleet_server.bench_drain_device`) is a real :class:`agent.app.Agent`,
+The device (:mod:`hil.bench.drain_device`) is a real :class:`agent.app.Agent`,
 enrolled through the API, running its hot path (capture -> pool -> post-processing ->
 policy -> decision log) on a looped video at ``load`` x its capacity (measured unpaced
 first, as ``edge-agent bench`` does), its uplink enabled towards the forwarder with the
@@ -53,7 +53,7 @@ from agent.errors import AgentError
 from agent.kernel.errors import EdgefleetError
 from agent.uplink import UplinkConfig
 from agent.wire.messages import error_text
-from fleet_server.bench_drain_device import (
+from hil.bench.drain_device import (
     Cpu,
     Latency,
     agent_config,
@@ -62,7 +62,7 @@ from fleet_server.bench_drain_device import (
     start_agent,
     wait_phase,
 )
-from fleet_server.bench_drain_fleet import DEVICE_ID, FLEET_START_S, DrainBenchError, FleetSide
+from hil.bench.drain_fleet import DEVICE_ID, FLEET_START_S, DrainBenchError, FleetSide
 from runtime.bench import Progress
 
 log = logging.getLogger(__name__)
@@ -350,10 +350,10 @@ def format_report(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fleet_server.bench_drain",
+        prog="hil bench drain",
         description="Store-and-forward drain bench: a device's outage backlog drained into "
         "the fleet database, and the device's live e2e p99 while it drains.",
-        epilog="example: python -m fleet_server.bench_drain --bundle .cache/demo/bundles/"
+        epilog="example: hil bench drain --bundle .cache/demo/bundles/"
         "text-cls --source .cache/demo/line.avi --backlog 100000 --duration 20 "
         "--json .cache/bench-drain.json",
     )

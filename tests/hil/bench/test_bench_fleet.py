@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet_server.bench_fleet import bench_fleet
+from hil.bench.fleet import bench_fleet
 
 
 def test_bench_fleet_stores_every_heartbeat_once_and_completes_the_rollout(

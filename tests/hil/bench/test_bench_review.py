@@ -15,17 +15,17 @@ import sqlalchemy as sa
 from agent.wire.jpeg import jpeg_size
 from fleet_server.db import open_database
 from fleet_server.db.tables import decision_images, decision_reviews, decisions, devices
-from fleet_server.review.bench import DETAIL_PAGE, IMAGE, LIST_API, LIST_PAGE, scenarios
+from hil.bench.review_timing import DETAIL_PAGE, IMAGE, LIST_API, LIST_PAGE, scenarios
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]  # db_url (SQLite and PostgreSQL), pg_cluster
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RUN_TIMEOUT_S = 300
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleet_server.review.bench", *args],
+        [sys.executable, "-m", "hil.cli", "bench", "review", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ scores), half a detector (1-3 boxes in a 640 x 480 frame, ``outputs["frame"]`` s
 
 Images: the newest ``images`` decisions (every outcome, as a device configured with
 ``[decision_log] thumbnails = "all"``) get the JPEG thumbnail a device would upload
-(:mod:`fleet_server.review.seed_images`, 320 x 240, a few KB), stored in
+(:mod:`hil.bench.seed_images`, 320 x 240, a few KB), stored in
 ``decision_images`` under the decision's own device; older ones have none, as after a
 device's thumbnail retention.
 """
@@ -34,7 +34,7 @@ from agent.wire.jpeg import jpeg_size
 from fleet_server.db.store import ImageRecord, insert_images
 from fleet_server.db.tables import decision_review_log, decision_reviews, decisions, devices
 from fleet_server.review.errors import ReviewError
-from fleet_server.review.seed_images import thumbnail
+from hil.bench.seed_images import thumbnail
 
 SITES = 5
 LINES = 50

@@ -41,6 +41,7 @@ from agent.wire import topics
 from agent.wire.enroll import ENROLL_PATH
 from agent.wire.messages import BundleRef, Event, Heartbeat, ReportedState, encode
 from fleet_server.ca import make_device_key_and_csr
+from fleet_server.cli.server import services_for
 from fleet_server.config import parse_config
 from fleet_server.db import store
 from fleet_server.db.tables import heartbeats
@@ -48,12 +49,11 @@ from fleet_server.errors import FleetError
 from fleet_server.repository import KeyStore, Passphrases, Repository
 from fleet_server.repository.bundledir import manifest_target
 from fleet_server.serve import FleetServer, Service, ServiceFactory
-from fleet_server.server_cli import services_for
 from fleet_server.services import IngestService
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny_classifier.tflite"
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "tests" / "data" / "tiny_classifier.tflite"
 PASSPHRASE_ENV = "EDGEFLEET_KEY_PASSPHRASE"  # noqa: S105 (a variable name)
 LABELS = {"line": "1"}
 PROFILE = "x86-gateway"
@@ -408,9 +408,9 @@ def bench_fleet(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fleet_server.bench_fleet",
+        prog="hil bench fleet",
         description="Scale bench: N light agents with TLS identities, heartbeats, a rollout.",
-        epilog="example: python -m fleet_server.bench_fleet --devices 1000 --duration 30",
+        epilog="example: hil bench fleet --devices 1000 --duration 30",
     )
     parser.add_argument("--devices", type=int, default=1000, help="simulated devices")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of heartbeats")

@@ -1,4 +1,4 @@
-"""The device side of the drain bench (:mod:`fleet_server.bench_drain`): a real
+"""The device side of the drain bench (:mod:`hil.bench.drain`): a real
 :class:`agent.app.Agent` on a looped video, its capacity, the backlog written into its
 decision log, and the live latency and CPU figures of each phase.
 """
@@ -21,7 +21,7 @@ from agent.config import parse_config as parse_agent_config
 from agent.decisionlog import DecisionLog, DecisionRecord
 from agent.decisionlog.connection import connect_reader
 from agent.pipeline.runner import Decision
-from fleet_server.bench_drain_fleet import DEVICE_ID, DrainBenchError
+from hil.bench.drain_fleet import DEVICE_ID, DrainBenchError
 from runtime.bench import Progress
 from runtime.metrics import new_histogram, summarize
 

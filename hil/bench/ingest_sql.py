@@ -19,9 +19,9 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from fleet_server.db import store
-from fleet_server.ingest.sim import SimError, SimFleet
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.ingest.worker import IngestWorker
+from hil.bench.simfleet import SimError, SimFleet
 
 POLL_S = 0.005
 JOIN_TIMEOUT_S = 10.0

@@ -1,0 +1,25 @@
+"""Benches, simulators and seeders: tools that drive the product, not part of it.
+
+Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
+
+- ``fleet`` (:mod:`~hil.bench.fleet`): N light agents with TLS identities, heartbeats
+  and a rollout across all of them.
+- ``drain`` (:mod:`~hil.bench.drain`, its sides in :mod:`~hil.bench.drain_fleet` and
+  :mod:`~hil.bench.drain_device`): a device's outage backlog drained into the fleet
+  database, and its live latency meanwhile.
+- ``ingest`` (:mod:`~hil.bench.ingest`, :mod:`~hil.bench.ingest_sql`): storage inserts,
+  and ingest workers against a simulated fleet (:mod:`~hil.bench.simfleet`).
+- ``review`` (:mod:`~hil.bench.review`, :mod:`~hil.bench.review_timing`): the decision
+  review at 1,000,000 decisions seeded by :mod:`~hil.bench.review_seed` (images from
+  :mod:`~hil.bench.seed_images`).
+
+The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
+"""
+
+BENCHES = {
+    "fleet": "hil.bench.fleet",
+    "drain": "hil.bench.drain",
+    "ingest": "hil.bench.ingest",
+    "review": "hil.bench.review",
+}
+"""``hil bench`` name -> the module whose ``main(argv)`` runs it."""
