@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from agent.actions.dispatcher import ActionDispatcher, ActionEvent
 from agent.capture import Camera
 from agent.config import AgentConfig
 from agent.decisionlog import DecisionLog
-from agent.directives.report import agent_health, reported_state
+from agent.directives.report import reported_state
 from agent.directives.service import DirectivesService
 from agent.enrollment.identity import Identity
 from agent.http import LocalHttpServer
@@ -37,6 +37,7 @@ from agent.planning import (
     plan_pipelines,
 )
 from agent.sensors import SensorSource, make_sensor
+from agent.status import agent_health
 from agent.uplink.service import Uplink
 from agent.uplink.sysinfo import SysInfo
 from runtime import ModelConfig, ModelLoadError, PoolConfig, WorkerPool
@@ -90,7 +91,7 @@ class Agent:
         self.profile_name = load_profile(config.agent.profile).name
         if resolve is None and config.uses_installer():
             self.installer = Installer(
-                self.state_dir, profile_name=self.profile_name, config=config.fleet.installer
+                self.state_dir, profile_name=self.profile_name, config=config.bundles.installer
             )
             resolve = installed_resolver(self.installer)
         self.resolve: Resolver | None = resolve
@@ -107,6 +108,10 @@ class Agent:
         self._stats_thread: threading.Thread | None = None
         self.started_at = 0.0
         self.first_decision_at: float | None = None
+
+    @property
+    def device_id(self) -> str:
+        return self.config.agent.device_id
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> Agent:
@@ -137,13 +142,13 @@ class Agent:
             )
             self.http.start()
         self._start_uplink()
-        if self.config.fleet.enabled and self.installer is not None:
-            fleet = self.config.fleet
+        if self.config.bundles.enabled and self.installer is not None:
+            bundles = self.config.bundles
             self.updates = DirectivesService(
                 self,
-                fleet,
+                bundles,
                 self.installer,
-                hardware_class=fleet.hardware_class or self.profile_name,
+                hardware_class=bundles.hardware_class or self.profile_name,
                 identity=self.identity,
                 on_report=self._install_report,
             )
@@ -173,8 +178,8 @@ class Agent:
                 self.config.agent.device_id,
                 self.identity,
                 cfg,
-                state=lambda: reported_state(self, labels),
-                health=lambda: agent_health(self),
+                state=lambda: reported_state(self.profile_name, self.installer, labels),
+                health=lambda: agent_health(self.cameras, self.pool, self.outcome_counts),
                 decision_log=self.log,
                 sysinfo=SysInfo(
                     self.state_dir,
@@ -232,6 +237,30 @@ class Agent:
             self._start_sources({pl.config.source for pl in plans})
             for plan in plans:
                 self._start_runner(plan)
+
+    def bundle_health(self, bundle: str) -> Mapping[str, float]:
+        """Worker restarts, inference errors and inference p95 of the pipelines that run
+        ``bundle`` (the health probe of a bundle on trial).
+
+        Raises:
+            RuntimeError: no running pipeline uses the bundle.
+        """
+        runners = [
+            r for r in self.runners if any(s.bundle.manifest.name == bundle for s in r.stages)
+        ]
+        pool = self.pool
+        if not runners or pool is None:
+            problems = "; ".join(f"{p.part}: {p.reason}" for p in self.problems)
+            raise RuntimeError(f"no pipeline runs bundle {bundle}: {problems or 'none'}")
+        models = [s.model for r in runners for s in r.stages if s.bundle.manifest.name == bundle]
+        stats = pool.stats()["models"]
+        p95 = max(float(stats[m]["stages"]["inference"].get("p95_ms", 0.0)) for m in models)
+        return {
+            "worker_crashes": float(pool.restarts()),
+            "inference_errors": float(sum(r.stats.errors for r in runners)),
+            "p95_ms": p95,
+            "inferences": float(sum(r.stats.decided for r in runners)),
+        }
 
     def _start_pool(self, plans: list[Plan]) -> list[Plan]:
         """Start the pool with every plan's models; a model that does not load takes its

@@ -9,6 +9,7 @@ only name the outcomes the line defines).
 from __future__ import annotations
 
 import hashlib
+import logging
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from agent.actions.config import ActionsConfig
 from agent.capture.config import CameraConfig
 from agent.decisionlog.config import DecisionLogConfig
-from agent.directives.config import FleetConfig
+from agent.directives.config import BundlesConfig
 from agent.http import HttpConfig
 from agent.kernel.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section, dotted
 from agent.kernel.errors import ConfigError
@@ -29,6 +30,12 @@ from agent.sensors.config import SensorConfig
 from agent.uplink.config import UplinkConfig
 from agent.wire.messages import MAX_THUMBNAIL_BYTES
 from agent.wire.topics import is_device_id
+
+log = logging.getLogger(__name__)
+
+DEPRECATED_SECTIONS = {"fleet": "bundles"}
+"""Sections renamed, old name -> new: the old name is still read, with a warning, for one
+release (``[fleet]`` became ``[bundles]``: it configures signed bundles, not the fleet)."""
 
 
 def check_state_dir(path: Path) -> Path:
@@ -175,13 +182,16 @@ class AgentConfig(Section):
     sensors: list[SensorConfig] = Field(default_factory=list, description="Sensors.")
     lines: dict[str, LineConfig] = Field(default_factory=dict, description="Production lines.")
     pipelines: list[PipelineConfig] = Field(default_factory=list, description="Pipelines.")
-    fleet: FleetConfig = Field(default_factory=FleetConfig, description="Signed bundles.")
+    bundles: BundlesConfig = Field(
+        default_factory=BundlesConfig,
+        description="Signed bundles from the fleet (formerly [fleet], still read for one release).",
+    )
     uplink: UplinkConfig = Field(
         default_factory=UplinkConfig, description="Reports to the fleet (state, health...)."
     )
 
     def uses_installer(self) -> bool:
-        return self.fleet.enabled or any(
+        return self.bundles.enabled or any(
             ref.installed for p in self.pipelines for ref in (p, *p.chain)
         )
 
@@ -267,15 +277,41 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         for stage in pipe.get("chain") or []:
             if isinstance(stage, dict) and isinstance(stage.get("bundle"), str):
                 stage["bundle"] = str(base / stage["bundle"])
-    fleet = data.get("fleet")
-    if isinstance(fleet, dict) and isinstance(fleet.get("initial_root"), str):
-        fleet["initial_root"] = str(base / fleet["initial_root"])
+    bundles = data.get("bundles")
+    if isinstance(bundles, dict) and isinstance(bundles.get("initial_root"), str):
+        bundles["initial_root"] = str(base / bundles["initial_root"])
     for sensor in data.get("sensors") or []:
         if isinstance(sensor, dict) and sensor.get("kind") == "replay" and sensor.get("path"):
             sensor["path"] = str(base / sensor["path"])
     for cam in data.get("cameras") or []:
         if isinstance(cam, dict) and cam.get("kind") in ("file", "images") and cam.get("uri"):
             cam["uri"] = str(base / cam["uri"])
+
+
+def _rename_deprecated(data: dict[str, Any], path: str) -> dict[str, str]:
+    """Read a section under its old name (:data:`DEPRECATED_SECTIONS`), with a warning;
+    the sections renamed, new name -> old, so that errors name what the file says.
+
+    Raises:
+        ConfigError: both the old and the new name are given.
+    """
+    renamed: dict[str, str] = {}
+    for old, new in DEPRECATED_SECTIONS.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ConfigError(
+                path, old, f"[{old}] is the deprecated name of [{new}]; give only [{new}]"
+            )
+        log.warning(
+            "%s: [%s] is deprecated and will not be read in the next release: rename it [%s]",
+            path or "config",
+            old,
+            new,
+        )
+        data[new] = data.pop(old)
+        renamed[new] = old
+    return renamed
 
 
 def parse_config(data: dict[str, Any], path: str = "", base: Path | None = None) -> AgentConfig:
@@ -285,6 +321,7 @@ def parse_config(data: dict[str, Any], path: str = "", base: Path | None = None)
         ConfigError: naming ``path`` and the first offending field (all of them in the
             message when several are wrong).
     """
+    renamed = _rename_deprecated(data, path)
     if base is not None:
         _resolve_paths(data, base)
     try:
@@ -292,7 +329,10 @@ def parse_config(data: dict[str, Any], path: str = "", base: Path | None = None)
     except ValidationError as e:
         errors = e.errors()
         first = errors[0]
-        field = dotted(tuple(first["loc"]))
+        loc = tuple(first["loc"])
+        if loc and loc[0] in renamed:
+            loc = (renamed[str(loc[0])], *loc[1:])
+        field = dotted(loc)
         reason = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             reason = "unknown key"

@@ -126,7 +126,7 @@ reconnect_max_s = {_toml(s.reconnect_max_s)}
 decisions_batch = {_toml(s.decisions_batch)}
 drop_order = {_toml(s.drop_order)}
 {outbox}
-[fleet]
+[bundles]
 enabled = true
 fetch_timeout_s = {_toml(s.fetch_timeout_s)}
 installer = {{ health_window_s = {_toml(s.health_window_s)}, benchmark_runs = 5 }}

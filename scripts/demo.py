@@ -77,7 +77,7 @@ rules = [
   {{ outcome = "review", max_score = 0.8 }},                # direction unsure
 ]
 
-[fleet]
+[bundles]
 enabled = true
 mqtt = {{ port = {port} }}
 initial_root = "fleet/repo/metadata/1.root.json"

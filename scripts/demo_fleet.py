@@ -82,7 +82,7 @@ rules = [
 [uplink]
 enabled = true
 
-[fleet]
+[bundles]
 enabled = true
 installer = {{ health_window_s = 3.0, benchmark_runs = 5 }}
 

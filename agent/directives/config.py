@@ -1,4 +1,5 @@
-"""The ``[fleet]`` section: where the fleet's broker is and where the trust root lives."""
+"""The ``[bundles]`` section (signed bundles from the fleet): where the fleet's broker is and
+where the trust root lives. Called ``[fleet]`` before; that name is a deprecated alias."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from agent.kernel.configbase import MAX_TIMEOUT_S, Section
 from agent.mqtt_config import LocalMqttConfig
 
 
-class FleetConfig(Section):
+class BundlesConfig(Section):
     """Signed bundle delivery from the fleet."""
 
     enabled: bool = Field(False, description="Take directives from the fleet's broker.")

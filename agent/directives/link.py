@@ -14,7 +14,7 @@ from typing import Any
 
 from tuf.ngclient.fetcher import FetcherInterface
 
-from agent.directives.config import FleetConfig
+from agent.directives.config import BundlesConfig
 from agent.errors import AgentError
 from agent.installer import Installer, InstallError
 from agent.kernel.durable import write_durable
@@ -32,11 +32,11 @@ ProbeFactory = Callable[[str], Callable[[], Mapping[str, float]]]
 the installer's own trial pool)."""
 
 
-def trust_dir(cfg: FleetConfig, state_dir: Path) -> Path:
+def trust_dir(cfg: BundlesConfig, state_dir: Path) -> Path:
     return cfg.trust_dir if cfg.trust_dir.is_absolute() else state_dir / cfg.trust_dir
 
 
-def provision_trust(cfg: FleetConfig, state_dir: Path) -> Path:
+def provision_trust(cfg: BundlesConfig, state_dir: Path) -> Path:
     """Copy the enrollment root into the trust directory when it has none yet.
 
     Raises:
@@ -47,11 +47,11 @@ def provision_trust(cfg: FleetConfig, state_dir: Path) -> Path:
     if (tdir / ROOT_FILE).exists():
         return tdir
     if cfg.initial_root is None:
-        raise AgentError(f"no trusted root in {tdir} and fleet.initial_root is not set")
+        raise AgentError(f"no trusted root in {tdir} and bundles.initial_root is not set")
     try:
-        data = read_at_most(cfg.initial_root, MAX_ROOT_BYTES, "fleet.initial_root")
+        data = read_at_most(cfg.initial_root, MAX_ROOT_BYTES, "bundles.initial_root")
     except OSError as e:
-        raise AgentError(f"fleet.initial_root {cfg.initial_root}: {e.strerror or e}") from None
+        raise AgentError(f"bundles.initial_root {cfg.initial_root}: {e.strerror or e}") from None
     check_root(data, str(cfg.initial_root))
     tdir.mkdir(parents=True, exist_ok=True)
     write_durable(tdir / ROOT_FILE, data)
@@ -59,7 +59,7 @@ def provision_trust(cfg: FleetConfig, state_dir: Path) -> Path:
 
 
 def make_client(
-    cfg: FleetConfig, state_dir: Path, fetcher: FetcherInterface, *, device_id: str, hw: str
+    cfg: BundlesConfig, state_dir: Path, fetcher: FetcherInterface, *, device_id: str, hw: str
 ) -> BundleClient:
     tdir = provision_trust(cfg, state_dir)
     return BundleClient(

@@ -10,14 +10,15 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.directives.config import FleetConfig
+from agent.directives.config import BundlesConfig
+from agent.directives.host import RunningAgent
 from agent.directives.link import Report, apply_directive, make_client
 from agent.enrollment.identity import Identity
 from agent.installer import Installer
@@ -26,18 +27,15 @@ from agent.kernel.mqttguard import MqttGuard
 from agent.update.fetchers import MqttFetcher
 from agent.wire import topics
 
-if TYPE_CHECKING:
-    from agent.app import Agent
-
 log = logging.getLogger(__name__)
 
 
 class AgentProbe:
     """Health of a bundle on trial in the running agent: the first call switches the
-    pipelines to it (the installer's lock is held, so the trial slot resolves); later
-    calls read worker restarts, inference errors and inference p95 of its models."""
+    pipelines to it (the installer's lock is held, so the trial slot resolves); every
+    call reads worker restarts, inference errors and inference p95 of its models."""
 
-    def __init__(self, agent: Agent, bundle: str) -> None:
+    def __init__(self, agent: RunningAgent, bundle: str) -> None:
         self.agent = agent
         self.bundle = bundle
         self._started = False
@@ -46,26 +44,7 @@ class AgentProbe:
         if not self._started:
             self._started = True
             self.agent.reload()
-        runners = [
-            r
-            for r in self.agent.runners
-            if any(s.bundle.manifest.name == self.bundle for s in r.stages)
-        ]
-        pool = self.agent.pool
-        if not runners or pool is None:
-            problems = "; ".join(f"{p.part}: {p.reason}" for p in self.agent.problems)
-            raise RuntimeError(f"no pipeline runs bundle {self.bundle}: {problems or 'none'}")
-        models = [
-            s.model for r in runners for s in r.stages if s.bundle.manifest.name == self.bundle
-        ]
-        stats = pool.stats()["models"]
-        p95 = max(float(stats[m]["stages"]["inference"].get("p95_ms", 0.0)) for m in models)
-        return {
-            "worker_crashes": float(pool.restarts()),
-            "inference_errors": float(sum(r.stats.errors for r in runners)),
-            "p95_ms": p95,
-            "inferences": float(sum(r.stats.decided for r in runners)),
-        }
+        return self.agent.bundle_health(self.bundle)
 
 
 class DirectivesService:
@@ -74,8 +53,8 @@ class DirectivesService:
 
     def __init__(
         self,
-        agent: Agent,
-        cfg: FleetConfig,
+        agent: RunningAgent,
+        cfg: BundlesConfig,
         installer: Installer,
         *,
         hardware_class: str,
@@ -88,7 +67,7 @@ class DirectivesService:
         self.hw = hardware_class
         self.identity = identity
         self.on_report = on_report
-        self.device_id = agent.config.agent.device_id
+        self.device_id = agent.device_id
         self.state_dir: Path = agent.state_dir
         self.reports: list[Report] = []
         self._pending: bytes | None = None

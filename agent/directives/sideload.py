@@ -58,15 +58,15 @@ def sideload(medium: Path, cfg: AgentConfig) -> Report:
     installer = Installer(
         cfg.agent.state_dir,
         profile_name=profile.name,
-        config=cfg.fleet.installer,
+        config=cfg.bundles.installer,
         pool_config=PoolConfig.from_profile(profile, workers=1, pin=False),
     )
     client = make_client(
-        cfg.fleet,
+        cfg.bundles,
         cfg.agent.state_dir,
         LocalDirFetcher(medium),
         device_id=device_id,
-        hw=cfg.fleet.hardware_class or profile.name,
+        hw=cfg.bundles.hardware_class or profile.name,
     )
     return apply_directive(
         client,

@@ -52,7 +52,7 @@ def cmd_enroll(server_url: str, token: str, config_path: str, *, replace: bool =
             _read_token(token),
             state_dir,
             cfg.agent.device_id,
-            trust_dir=trust_dir(cfg.fleet, state_dir),
+            trust_dir=trust_dir(cfg.bundles, state_dir),
             identity_dir=identity_dir,
             agent_version=_agent_version(),
             replace=replace,

@@ -51,9 +51,13 @@ def test_a_plain_config_loads(tmp_path: Path) -> None:
         ("[uplink]\nbroker_port = -1\n", "uplink.broker_port", "greater than or equal to 1"),
         ("[uplink]\nheartbeat_interval_s = -inf\n", "uplink.heartbeat_interval_s", "finite"),
         ("[uplink]\noutbox_max_mb = 1e30\n", "uplink.outbox_max_mb", "less than"),
-        ("[fleet]\nfetch_timeout_s = 1e300\n", "fleet.fetch_timeout_s", "less than"),
-        ("[fleet.installer]\nhealth_window_s = nan\n", "fleet.installer.health_window_s", "finite"),
-        ("[fleet.installer]\nrun_timeout_s = 1e9\n", "fleet.installer.run_timeout_s", "less"),
+        ("[bundles]\nfetch_timeout_s = 1e300\n", "bundles.fetch_timeout_s", "less than"),
+        (
+            "[bundles.installer]\nhealth_window_s = nan\n",
+            "bundles.installer.health_window_s",
+            "finite",
+        ),
+        ("[bundles.installer]\nrun_timeout_s = 1e9\n", "bundles.installer.run_timeout_s", "less"),
     ],
 )
 def test_out_of_range_values_are_refused_naming_file_and_field(
@@ -124,3 +128,30 @@ def test_check_config_reports_a_bad_field_in_one_line_and_fails(tmp_path: Path) 
     assert len(lines) == 1
     assert str(path) in lines[0]
     assert "agent.device_id" in lines[0]
+
+
+def test_the_deprecated_fleet_section_is_read_as_bundles_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _write(tmp_path, '[fleet]\nenabled = true\ninitial_root = "root.json"\n')
+    with caplog.at_level("WARNING", logger="agent.config"):
+        cfg = load_config(path)
+    assert cfg.bundles.enabled
+    assert cfg.bundles.initial_root == tmp_path / "root.json"  # still taken from the file's dir
+    assert "[fleet] is deprecated" in caplog.text
+    assert "rename it [bundles]" in caplog.text
+
+
+def test_fleet_and_bundles_together_are_refused_naming_the_field(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[fleet]\nenabled = true\n[bundles]\nenabled = false\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (info.value.path, info.value.field) == (str(path), "fleet")
+    assert "give only [bundles]" in info.value.reason
+
+
+def test_a_bad_field_under_the_deprecated_name_is_reported_as_written(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[fleet]\nfetch_timeout_s = -1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.field == "fleet.fetch_timeout_s"

@@ -82,7 +82,7 @@ def _agent_config(tmp_path: Path, repo: Repository, broker: Broker) -> dict[str,
         "decision_log": {"thumbnails": "none"},
         "cameras": [{"name": "c1", "kind": "synthetic", "fps": 30, "pattern": "bars"}],
         "pipelines": [{"name": "p", "source": "c1", "installed": "cls"}],
-        "fleet": {
+        "bundles": {
             "enabled": True,
             "mqtt": {"host": broker.host, "port": broker.port},
             "initial_root": str(repo.path / "metadata" / "1.root.json"),
@@ -188,7 +188,7 @@ def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_
         "[runtime]\nworkers = 1\npin = false\n[http]\nport = 0\n"
         '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 30\npattern = "bars"\n'
         '[[pipelines]]\nname = "p"\nsource = "c1"\ninstalled = "cls"\n'
-        f"[fleet]\nenabled = true\n"
+        f"[bundles]\nenabled = true\n"
         f'mqtt = {{ host = "{mosquitto.host}", port = {mosquitto.port} }}\n'
         f'initial_root = "{repo.path / "metadata" / "1.root.json"}"\n'
         "installer = { health_window_s = 30.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"

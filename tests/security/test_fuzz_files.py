@@ -166,7 +166,7 @@ CONFIG: dict[str, Any] = {
     "http": {"port": 9464},
     "decision_log": {"budget_mb": 512, "flush_interval_s": 0.5, "max_age_days": 30},
     "uplink": {"outbox_max_mb": 64, "heartbeat_interval_s": 1.0, "broker_port": 8883},
-    "fleet": {"fetch_timeout_s": 10.0, "installer": {"health_window_s": 60.0}},
+    "bundles": {"fetch_timeout_s": 10.0, "installer": {"health_window_s": 60.0}},
     "actions": {"queue_bound": 1000},
     "cameras": [{"name": "cam1", "kind": "synthetic", "fps": 10.0}],
     "sensors": [{"name": "s1", "kind": "mqtt", "topic": "line/t", "fields": ["t"]}],
