@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.enums import MQTTErrorCode
 
-from agent.kernel.mqttguard import MqttGuard
+from agent.kernel.mqtt import Delivery, MqttSession, SessionOptions
 from agent.wire import topics
 from agent.wire.fetch import (
     MAX_CHUNK,
@@ -111,32 +109,47 @@ class MqttFileServer:
         self.host, self.port = host, port
         self.keepalive_s = keepalive_s
         self.stats = ServerStats()
-        self._ready = threading.Event()
         self._started = False
-        self._last_error = ""
-        cid = client_id or f"fleet-file-server-{uuid.uuid4().hex[:8]}"
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5)
-        if username:
-            client.username_pw_set(username, password)
-        if tls_context is not None:
-            client.tls_set_context(tls_context)
-        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
-        guard = MqttGuard("file-server", check_s=check_s)
-        client.on_connect = guard.wrap("on_connect", self._on_connect)
-        client.on_disconnect = guard.wrap("on_disconnect", self._on_disconnect)
-        client.on_subscribe = guard.wrap("on_subscribe", self._on_subscribe)
-        client.on_message = guard.wrap("on_message", self._on_message, answer=self._answer_failure)
-        self.guard = guard
-        self._client = client
+        self.session = MqttSession(
+            "file-server",
+            SessionOptions(
+                host=host,
+                port=port,
+                client_id=client_id or f"fleet-file-server-{uuid.uuid4().hex[:8]}",
+                keepalive_s=keepalive_s,
+                clean_start=True,
+                tls=tls_context,
+                username=username,
+                password=password,
+                reconnect_min_s=RECONNECT_MIN_S,
+                reconnect_max_s=RECONNECT_MAX_S,
+                check_s=check_s,
+            ),
+        )
+        self.guard = self.session.guard
+        self._requests = self.session.subscribe(
+            topics.fetch_request_filter(),
+            self._on_message,
+            qos=1,
+            answer=self._answer_failure,
+        )
+
+    @property
+    def _client(self) -> mqtt.Client:
+        return self.session.client
+
+    @property
+    def _last_error(self) -> str:
+        return self._requests.error or self.session.last_error
 
     @property
     def ready(self) -> bool:
         """Whether connected and subscribed to the fetch requests."""
-        return self._ready.is_set()
+        return self._requests.granted.is_set()
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait until connected and subscribed; whether it is."""
-        return self._ready.wait(timeout_s)
+        return self._requests.granted.wait(timeout_s)
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Connect, subscribe, and keep reconnecting in the background.
@@ -150,18 +163,13 @@ class MqttFileServer:
         if self._started:
             return
         self._started = True
-        self.guard.start(
-            self._client,
-            lambda: self._client.connect_async(
-                self.host, self.port, self.keepalive_s, clean_start=True
-            ),
-            on_restart=self._ready.clear,
-        )
-        if not self._ready.wait(timeout_s):
+        self.session.start()
+        if not self.wait_ready(timeout_s):
+            error = self._last_error
             self.stop()
             raise FileServerError(
                 f"not subscribed on {self.host}:{self.port} within {timeout_s:g} s "
-                f"{self._last_error}".strip()
+                f"{f'({error})' if error else ''}".strip()
             )
 
     def stop(self) -> None:
@@ -169,10 +177,7 @@ class MqttFileServer:
         if not self._started:
             return
         self._started = False
-        self.guard.stop()
-        self._client.disconnect()
-        self._client.loop_stop()
-        self._ready.clear()
+        self.session.stop()
 
     def read_chunk(self, path: str, offset: int, max_len: int) -> tuple[bytes, int]:
         """At most ``max_len`` bytes of the repository file ``path`` from ``offset``, and
@@ -220,7 +225,7 @@ class MqttFileServer:
 
     # -- paho callbacks (network thread) ------------------------------------------
 
-    def _answer_failure(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+    def _answer_failure(self, msg: mqtt.MQTTMessage) -> None:
         """After the handler raised: an error answer when the request's id can be read."""
         self.stats.failed += 1
         device_id = topics.device_of(msg.topic)
@@ -232,7 +237,7 @@ class MqttFileServer:
                 FetchResponse(request_id, STATUS_ERROR, reason="the server failed on this request"),
             )
 
-    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
         self.stats.requests += 1
         payload = bytes(msg.payload)
         try:
@@ -269,51 +274,27 @@ class MqttFileServer:
 
     def _answer(self, device_id: str, path: str, response: FetchResponse) -> None:
         size = len(response.data)
-        info = self._client.publish(
+        delivery = self.session.publish(
             topics.fetch_response(device_id),
             response.data,
             qos=1,
             properties=response_properties(response),
         )
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+        if delivery.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             self.stats.publish_failures += 1
             log.warning(
-                "file server: answer to %s not sent: %s", device_id, mqtt.error_string(info.rc)
+                "file server: answer to %s not sent: %s",
+                device_id,
+                mqtt.error_string(delivery.rc),
             )
             return
+        delivery.add_done_callback(self._answered)
         if response.status == STATUS_OK:
             self.stats.chunks += 1
             self.stats.bytes += size
             self.stats.max_chunk = max(self.stats.max_chunk, size)
         self.stats.recent.append(Served(device_id, path, response.offset, size, response.status))
 
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            self._last_error = f"(broker refused the connection: {reason})"
-            log.error("file server: broker %s:%d refused: %s", self.host, self.port, reason)
-            return
-        result, _ = client.subscribe(topics.fetch_request_filter(), qos=1)
-        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self._last_error = f"(subscribe failed: {mqtt.error_string(result)})"
-            log.error("file server: subscribe failed: %s", mqtt.error_string(result))
-
-    def _on_subscribe(
-        self, _client: mqtt.Client, _userdata: Any, _mid: int, codes: list[ReasonCode], _p: Any
-    ) -> None:
-        failed = [str(code) for code in codes if code.is_failure]
-        if failed:
-            self._last_error = f"(subscription refused: {', '.join(failed)})"
-            log.error("file server: subscription refused: %s", failed)
-            return
-        self._last_error = ""
-        self._ready.set()
-
-    def _on_disconnect(
-        self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        was_up = self._ready.is_set()
-        self._ready.clear()
-        if was_up and self._started:
-            log.warning("file server: lost broker %s:%d: %s", self.host, self.port, reason)
+    def _answered(self, delivery: Delivery) -> None:
+        if delivery.refused:  # the broker would not take the answer (ACL, quota)
+            self.stats.publish_failures += 1

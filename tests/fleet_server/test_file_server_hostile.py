@@ -151,7 +151,7 @@ def test_a_request_that_makes_the_handler_raise_gets_an_error_answer_and_is_coun
     health = server.health()
     assert health.ok, health.detail
     assert health.detail["failed"] == 1
-    assert health.detail["callback_errors"] == {"on_message": 1}
+    assert health.detail["callback_errors"] == {f"on_message {topics.fetch_request_filter()}": 1}
     assert "RecursionError" in health.detail["last_callback_error"]
     assert server.guard.restarts == 0
 
