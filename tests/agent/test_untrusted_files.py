@@ -121,7 +121,7 @@ def test_fleetctl_bundle_build_on_a_deep_manifest_is_one_line_naming_the_file(
 ) -> None:
     (tmp_path / "manifest.json").write_bytes(DEEP)
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet_server.cli", "bundle", "build", str(tmp_path)],
+        [sys.executable, "-m", "fleet_server.cli.fleetctl", "bundle", "build", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

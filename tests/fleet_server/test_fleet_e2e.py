@@ -71,7 +71,7 @@ def fleet(tmp_path: Path, env: None) -> Iterator[tuple[str, Path]]:
     log = tmp_path / "fleet.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_server.server_cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "fleet_server.cli.server", "serve", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -104,7 +104,7 @@ def _agent(tmp_path: Path, url: str, device: str, fallback: Path) -> subprocess.
         f'[agent]\ndevice_id = "{device}"\nstate_dir = "state"\nprofile = "{PROFILE}"\n'
         "[runtime]\nworkers = 1\npin = false\n[http]\nport = 0\n"
         "[uplink]\nenabled = true\nheartbeat_interval_s = 0.5\nhealth_interval_s = 1.0\n"
-        "[fleet]\nenabled = true\n"
+        "[bundles]\nenabled = true\n"
         "installer = { health_window_s = 2.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"
         '[decision_log]\nthumbnails = "all"\nthumbnail_max_side = 64\n'
         '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 15\n'

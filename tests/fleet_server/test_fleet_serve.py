@@ -1,4 +1,4 @@
-"""fleet-server as a process: ``python -m fleet_server.server_cli serve`` with a real managed
+"""fleet-server as a process: ``python -m fleet_server.cli.server serve`` with a real managed
 Mosquitto (TLS, client certificates) and the API, stopped by SIGTERM; ``check-config``;
 and FleetServer in this process for restarts and failed starts."""
 
@@ -108,7 +108,7 @@ def served(
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_server.server_cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "fleet_server.cli.server", "serve", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(os.environ),
@@ -193,7 +193,7 @@ def test_check_config_rejects_an_unknown_key_naming_file_and_field(tmp_path: Pat
     config = tmp_path / "fleet.toml"
     config.write_text('[http]\nprot = 8080\n[server]\nstate_dir = "s"\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet_server.server_cli", "check-config", "--config", str(config)],
+        [sys.executable, "-m", "fleet_server.cli.server", "check-config", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -212,7 +212,7 @@ def test_check_config_resolves_paths_from_the_config_file(tmp_path: Path) -> Non
         [
             sys.executable,
             "-m",
-            "fleet_server.server_cli",
+            "fleet_server.cli.server",
             "check-config",
             "--config",
             str(config),

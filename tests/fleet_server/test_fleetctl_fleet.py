@@ -33,7 +33,7 @@ from tests.support.broker import free_port
 
 HARNESS = """
 import argparse, sys
-from fleet_server.cli_fleet import add_fleet_commands
+from fleet_server.cli.fleet import add_fleet_commands
 from fleet_server.errors import FleetError
 parser = argparse.ArgumentParser(prog="fleetctl")
 add_fleet_commands(parser.add_subparsers(dest="command", required=True))

@@ -160,7 +160,7 @@ def serve(directory: Path, repo: Path, keys: Path, device_ids: list[str]) -> Ite
     env = dict(os.environ)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_server.server_cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "fleet_server.cli.server", "serve", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

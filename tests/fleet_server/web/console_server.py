@@ -134,7 +134,7 @@ def running_console(root: Path) -> Iterator[RunningConsole]:
     log = root / "fleet-server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_server.server_cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "fleet_server.cli.server", "serve", "--config", str(config)],
             stdout=out, stderr=subprocess.STDOUT, env=_env(),
         )  # fmt: skip
     url = f"http://127.0.0.1:{api_port}"

@@ -34,7 +34,7 @@ HOSTILE = (1e300, -1.0, 0.0, 253402300800.0, 1e18, -1e300, -62135596801.0)
 
 FLEETCTL = """
 import argparse, sys
-from fleet_server.cli_fleet import add_fleet_commands
+from fleet_server.cli.fleet import add_fleet_commands
 parser = argparse.ArgumentParser(prog="fleetctl")
 add_fleet_commands(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])

@@ -1,6 +1,6 @@
-"""``fleetctl keys|repo|directive`` and ``fleetctl bundle build|publish|verify|list``:
-the signing keys, the TUF repository and directives (see docs/keys-and-repository.md).
-Passphrases never come from arguments."""
+"""``fleetctl keys|repo|directive``: the signing keys, the TUF repository and directives
+(see docs/keys-and-repository.md), and the options the repository commands share (also
+used by :mod:`fleet_server.cli.bundle`). Passphrases never come from arguments."""
 
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.kernel.durable import write_durable
-from agent.wire.manifest import MANIFEST_NAME
 from fleet_server.errors import FleetError
 from fleet_server.repository import (
     ROLES,
     KeyStore,
     Passphrases,
-    PublishedBundle,
     Repository,
-    build_bundle,
     issue_directive,
 )
 from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
@@ -43,11 +40,13 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
 
 
-def _keystore(args: argparse.Namespace) -> KeyStore:
+def open_keystore(args: argparse.Namespace) -> KeyStore:
+    """The keystore of ``--keystore``, its passphrases named by ``--passphrase-name``."""
     return KeyStore(args.keystore, Passphrases(args.passphrase_name))
 
 
-def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
+def emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
+    """Print ``data`` as JSON with ``--json``, else ``lines``; exit code 0."""
     print(json.dumps(data, indent=2) if args.json else "\n".join(lines))
     return 0
 
@@ -71,31 +70,31 @@ def _emit_keys(args: argparse.Namespace, store: KeyStore, title: str = "") -> in
         for k in keys
     ]
     data = {"root_threshold": store.root_threshold, "keys": [k.to_dict() for k in keys]}
-    return _emit(args, data, lines)
+    return emit(args, data, lines)
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    return _emit_keys(args, _keystore(args))
+    return _emit_keys(args, open_keystore(args))
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
     repo = Repository(args.repo)
-    new = repo.rotate(args.role, _keystore(args))
+    new = repo.rotate(args.role, open_keystore(args))
     root = repo.root().signed.version
     lines = [f"rotated {args.role}: new key(s) {', '.join(new)}; root is now v{root}"]
-    return _emit(args, {"role": args.role, "keyids": new, "root_version": root}, lines)
+    return emit(args, {"role": args.role, "keyids": new, "root_version": root}, lines)
 
 
 def cmd_repo_init(args: argparse.Namespace) -> int:
     repo = Repository(args.repo)
-    repo.init(_keystore(args))
+    repo.init(open_keystore(args))
     lines = [f"created repository {repo.path} (root v1, targets v1, snapshot v1, timestamp v1)"]
-    return _emit(args, {"repo": str(repo.path), "root_version": 1}, lines)
+    return emit(args, {"repo": str(repo.path), "root_version": 1}, lines)
 
 
 def cmd_repo_refresh(args: argparse.Namespace) -> int:
     repo = Repository(args.repo)
-    store = _keystore(args)
+    store = open_keystore(args)
     if args.timestamp_only:
         repo.refresh_timestamp(store)
         renewed = ["timestamp"]
@@ -113,43 +112,13 @@ def cmd_repo_refresh(args: argparse.Namespace) -> int:
     lines = [f"re-signed {', '.join(renewed)}"] + [
         f"  {r:<9} expires {e}" for r, e in expiries.items()
     ]
-    return _emit(args, {"renewed": renewed, "expires": expiries}, lines)
-
-
-def _bundle_lines(b: PublishedBundle) -> list[str]:
-    profiles = ", ".join(b.profiles) or "any profile"
-    lines = [f"{b.name} {b.version} release {b.release} ({profiles}; published {b.published})"]
-    return lines + [f"  {f.file}  {f.length} bytes  sha256 {f.sha256}" for f in b.files]
-
-
-def cmd_bundle_build(args: argparse.Namespace) -> int:
-    manifest = build_bundle(args.dir, release=args.release, version=args.version)
-    lines = [f"updated {args.dir / MANIFEST_NAME}: {manifest.name} {manifest.version} "
-             f"release {manifest.release}"]  # fmt: skip
-    lines += [f"  {v.file}  {v.size} bytes  sha256 {v.sha256}" for v in manifest.models.values()]
-    return _emit(args, manifest.model_dump(mode="json"), lines)
-
-
-def cmd_bundle_publish(args: argparse.Namespace) -> int:
-    published = Repository(args.repo).publish(args.dir, _keystore(args))
-    return _emit(args, published.to_dict(), ["published", *_bundle_lines(published)])
-
-
-def cmd_bundle_verify(args: argparse.Namespace) -> int:
-    bundle = Repository(args.repo).verify(args.dir)
-    return _emit(args, bundle.to_dict(), ["ok: matches the signed release", *_bundle_lines(bundle)])
-
-
-def cmd_bundle_list(args: argparse.Namespace) -> int:
-    bundles = Repository(args.repo).bundles(args.name)
-    lines = [line for b in bundles for line in _bundle_lines(b)] or ["no bundles published"]
-    return _emit(args, [b.to_dict() for b in bundles], lines)
+    return emit(args, {"renewed": renewed, "expires": expiries}, lines)
 
 
 def cmd_directive_issue(args: argparse.Namespace) -> int:
     data = issue_directive(
         Repository(args.repo),
-        _keystore(args),
+        open_keystore(args),
         args.device,
         args.hardware_class,
         args.bundle,
@@ -168,7 +137,8 @@ def cmd_directive_issue(args: argparse.Namespace) -> int:
     return 0
 
 
-def _command(actions: Any, name: str, help_: str, example: str, func: Any) -> Any:
+def add_command(actions: Any, name: str, help_: str, example: str, func: Any) -> Any:
+    """A sub-command running ``func``: its help, a description from it and an example."""
     parser = actions.add_parser(
         name,
         help=help_,
@@ -180,7 +150,10 @@ def _command(actions: Any, name: str, help_: str, example: str, func: Any) -> An
     return parser
 
 
-def _opts(parser: Any, *, repo: bool = False, keystore: bool = False, json_: bool = True) -> None:
+def add_options(
+    parser: Any, *, repo: bool = False, keystore: bool = False, json_: bool = True
+) -> None:
+    """``--repo``, ``--keystore`` with ``--passphrase-name``, and ``--json``."""
     if repo:
         parser.add_argument("--repo", required=True, type=Path, metavar="DIR", help="repository")
     if keystore:
@@ -198,27 +171,27 @@ def _opts(parser: Any, *, repo: bool = False, keystore: bool = False, json_: boo
 def add_keys(commands: Any) -> None:
     group = commands.add_parser("keys", help="signing keys", description="Manage signing keys.")
     actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
-    init = _command(
+    init = add_command(
         actions, "init", "generate a keystore: root keys and one key per other role",
         "EDGEFLEET_KEY_PASSPHRASE_ROOT=... EDGEFLEET_KEY_PASSPHRASE=... "
         "fleetctl keys init --keystore keys --root-keys 3 --root-threshold 2",
         cmd_keys_init,
     )  # fmt: skip
-    _opts(init, keystore=True)
+    add_options(init, keystore=True)
     init.add_argument("--root-keys", type=int, default=3, metavar="N", help="default: 3")
     init.add_argument("--root-threshold", type=int, default=2, metavar="T", help="default: 2")
-    listing = _command(
+    listing = add_command(
         actions, "list", "list keys: role, key id, file (no passphrase needed)",
         "fleetctl keys list --keystore keys --json", cmd_keys_list,
     )  # fmt: skip
-    _opts(listing, keystore=True)
+    add_options(listing, keystore=True)
     listing.add_argument("--all", action="store_true", help="include retired keys")
-    rotate = _command(
+    rotate = add_command(
         actions, "rotate", "replace a role's keys and publish a new root (or targets)",
         "fleetctl keys rotate root --keystore keys --repo repo", cmd_keys_rotate,
     )  # fmt: skip
     rotate.add_argument("role", choices=ROLES, help="the role whose keys are replaced")
-    _opts(rotate, repo=True, keystore=True)
+    add_options(rotate, repo=True, keystore=True)
 
 
 def add_repo(commands: Any) -> None:
@@ -226,49 +199,19 @@ def add_repo(commands: Any) -> None:
         "repo", help="bundle repository", description="Create and maintain the repository."
     )
     actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
-    init = _command(
+    init = add_command(
         actions, "init", "create the repository's first signed metadata from a keystore",
         "fleetctl repo init --repo repo --keystore keys", cmd_repo_init,
     )  # fmt: skip
-    _opts(init, repo=True, keystore=True)
-    refresh = _command(
+    add_options(init, repo=True, keystore=True)
+    refresh = add_command(
         actions, "refresh",
         "re-sign the timestamp, and targets/snapshot when half their validity is gone",
         "fleetctl repo refresh --repo repo --keystore keys   # daily, from a timer",
         cmd_repo_refresh,
     )  # fmt: skip
-    _opts(refresh, repo=True, keystore=True)
+    add_options(refresh, repo=True, keystore=True)
     refresh.add_argument("--timestamp-only", action="store_true", help="only the timestamp")
-
-
-def add_bundle_repo_actions(actions: Any) -> None:
-    build = _command(
-        actions, "build", "hash the model files into the manifest (sha256, size)",
-        "fleetctl bundle build bundles/text-cls --release 2 --version 1.1.0", cmd_bundle_build,
-    )  # fmt: skip
-    build.add_argument("dir", type=Path, metavar="DIR", help="bundle directory")
-    build.add_argument("--release", type=int, metavar="N", help="set manifest.release")
-    build.add_argument("--version", metavar="SEMVER", help="set manifest.version")
-    _opts(build)
-    publish = _command(
-        actions, "publish", "sign and publish a bundle (release above any published)",
-        "fleetctl bundle publish bundles/text-cls --repo repo --keystore keys",
-        cmd_bundle_publish,
-    )  # fmt: skip
-    publish.add_argument("dir", type=Path, metavar="DIR", help="bundle directory")
-    _opts(publish, repo=True, keystore=True)
-    verify = _command(
-        actions, "verify", "check a bundle directory against what the repository signed",
-        "fleetctl bundle verify bundles/text-cls --repo repo", cmd_bundle_verify,
-    )  # fmt: skip
-    verify.add_argument("dir", type=Path, metavar="DIR", help="bundle directory")
-    _opts(verify, repo=True)
-    listing = _command(
-        actions, "list", "list published bundles",
-        "fleetctl bundle list --repo repo --json", cmd_bundle_list,
-    )  # fmt: skip
-    listing.add_argument("--name", help="only this bundle name")
-    _opts(listing, repo=True)
 
 
 def add_directive(commands: Any) -> None:
@@ -276,13 +219,13 @@ def add_directive(commands: Any) -> None:
         "directive", help="signed directives", description="Assign bundles to devices."
     )
     actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
-    issue = _command(
+    issue = add_command(
         actions, "issue", "sign a directive assigning a published release to one device",
         "fleetctl directive issue --repo repo --keystore keys --device cam-07 \\\n"
         "      --hardware-class jetson-orin --bundle text-cls --release 2 --out d.json",
         cmd_directive_issue,
     )  # fmt: skip
-    _opts(issue, repo=True, keystore=True, json_=False)
+    add_options(issue, repo=True, keystore=True, json_=False)
     issue.add_argument("--device", required=True, metavar="ID", help="device id")
     issue.add_argument("--hardware-class", required=True, metavar="PROFILE", help="profile name")
     issue.add_argument("--bundle", required=True, metavar="NAME", help="bundle name")

@@ -1,37 +1,20 @@
-"""``fleetctl``: the operator's command line.
-
-Commands are grouped (``fleetctl bundle init``); each group adds its sub-parsers in one
-``_add_<group>`` function and each command is a ``cmd_<group>_<action>`` function taking
-the parsed arguments and returning an exit code. The library raises; this module turns
-:class:`agent.errors.AgentError` and :class:`fleet_server.errors.FleetError` into one line
-on stderr and exit code 2. Passphrases never come from arguments: see
-docs/keys-and-repository.md.
-"""
+"""``fleetctl bundle init|build|publish|verify|list``: write a model bundle, hash its files
+into the manifest, and sign, verify and list it in the TUF repository (see
+docs/bundle-manifest.md and docs/keys-and-repository.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
 from pathlib import Path
 from typing import Any
 
 from agent.kernel.bundle import Bundle, init_bundle
-from agent.kernel.errors import EdgefleetError
 from agent.wire.manifest import MANIFEST_NAME, ClassificationPost, ScorePost
 from agent.wire.postprocess import POSTPROCESS_KINDS
-from fleet_server.cli_fleet import add_fleet_commands
-from fleet_server.cli_repo import (
-    add_bundle_repo_actions,
-    add_directive,
-    add_keys,
-    add_repo,
-)
-from fleet_server.cli_users import add_users_commands
+from fleet_server.cli.repo import add_command, add_options, emit, open_keystore
+from fleet_server.repository import PublishedBundle, Repository, build_bundle
 from runtime.cli import parse_shape
-
-EXIT_ERROR = 2
 
 _BUNDLE_INIT_EXAMPLE = """\
 example:
@@ -89,7 +72,68 @@ def cmd_bundle_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_bundle(commands: Any) -> None:
+def _bundle_lines(b: PublishedBundle) -> list[str]:
+    profiles = ", ".join(b.profiles) or "any profile"
+    lines = [f"{b.name} {b.version} release {b.release} ({profiles}; published {b.published})"]
+    return lines + [f"  {f.file}  {f.length} bytes  sha256 {f.sha256}" for f in b.files]
+
+
+def cmd_bundle_build(args: argparse.Namespace) -> int:
+    manifest = build_bundle(args.dir, release=args.release, version=args.version)
+    lines = [f"updated {args.dir / MANIFEST_NAME}: {manifest.name} {manifest.version} "
+             f"release {manifest.release}"]  # fmt: skip
+    lines += [f"  {v.file}  {v.size} bytes  sha256 {v.sha256}" for v in manifest.models.values()]
+    return emit(args, manifest.model_dump(mode="json"), lines)
+
+
+def cmd_bundle_publish(args: argparse.Namespace) -> int:
+    published = Repository(args.repo).publish(args.dir, open_keystore(args))
+    return emit(args, published.to_dict(), ["published", *_bundle_lines(published)])
+
+
+def cmd_bundle_verify(args: argparse.Namespace) -> int:
+    bundle = Repository(args.repo).verify(args.dir)
+    return emit(args, bundle.to_dict(), ["ok: matches the signed release", *_bundle_lines(bundle)])
+
+
+def cmd_bundle_list(args: argparse.Namespace) -> int:
+    bundles = Repository(args.repo).bundles(args.name)
+    lines = [line for b in bundles for line in _bundle_lines(b)] or ["no bundles published"]
+    return emit(args, [b.to_dict() for b in bundles], lines)
+
+
+def _add_repo_actions(actions: Any) -> None:
+    build = add_command(
+        actions, "build", "hash the model files into the manifest (sha256, size)",
+        "fleetctl bundle build bundles/text-cls --release 2 --version 1.1.0", cmd_bundle_build,
+    )  # fmt: skip
+    build.add_argument("dir", type=Path, metavar="DIR", help="bundle directory")
+    build.add_argument("--release", type=int, metavar="N", help="set manifest.release")
+    build.add_argument("--version", metavar="SEMVER", help="set manifest.version")
+    add_options(build)
+    publish = add_command(
+        actions, "publish", "sign and publish a bundle (release above any published)",
+        "fleetctl bundle publish bundles/text-cls --repo repo --keystore keys",
+        cmd_bundle_publish,
+    )  # fmt: skip
+    publish.add_argument("dir", type=Path, metavar="DIR", help="bundle directory")
+    add_options(publish, repo=True, keystore=True)
+    verify = add_command(
+        actions, "verify", "check a bundle directory against what the repository signed",
+        "fleetctl bundle verify bundles/text-cls --repo repo", cmd_bundle_verify,
+    )  # fmt: skip
+    verify.add_argument("dir", type=Path, metavar="DIR", help="bundle directory")
+    add_options(verify, repo=True)
+    listing = add_command(
+        actions, "list", "list published bundles",
+        "fleetctl bundle list --repo repo --json", cmd_bundle_list,
+    )  # fmt: skip
+    listing.add_argument("--name", help="only this bundle name")
+    add_options(listing, repo=True)
+
+
+def add_bundle(commands: Any) -> None:
+    """Add ``bundle init|build|publish|verify|list`` to fleetctl's sub-parsers."""
     bundle = commands.add_parser(
         "bundle",
         help="model bundles",
@@ -122,45 +166,4 @@ def _add_bundle(commands: Any) -> None:
     )
     init.add_argument("--json", action="store_true", help="print the result as JSON")
     init.set_defaults(func=cmd_bundle_init)
-    add_bundle_repo_actions(actions)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fleetctl",
-        description="Operate an edgefleet fleet: signing keys, the bundle repository, "
-        "model bundles, directives, devices, rollouts and users.",
-        epilog="example:\n  fleetctl bundle init model.onnx --out bundles/my-model\n"
-        "  fleetctl bundle publish bundles/my-model --repo repo --keystore keys",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_keys(commands)
-    add_repo(commands)
-    _add_bundle(commands)
-    add_directive(commands)
-    add_fleet_commands(commands)
-    add_users_commands(commands)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        code: int = args.func(args)
-    except EdgefleetError as exc:
-        message = " ".join(str(exc).split())
-        print(f"fleetctl: error: {message}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    _add_repo_actions(actions)
