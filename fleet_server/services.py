@@ -21,14 +21,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.kernel.clientid import secret_client_id
-from agent.kernel.mqttguard import MqttGuard
+from agent.kernel.mqtt import MqttSession, SessionOptions
 from fleet_server.api.context import ServerContext
 from fleet_server.broker import identity
 from fleet_server.distribution.file_server import MqttFileServer
@@ -68,71 +65,58 @@ def _tls(ctx: ServerContext, cert: Path, key: Path) -> ssl.SSLContext:
 
 class MqttPublisher:
     """Publishes as the rollout service: QoS 1, retain as asked, message expiry; a
-    publish the broker does not acknowledge in time (or refuses) raises."""
+    publish the broker does not acknowledge in time, or refuses, raises."""
 
     def __init__(self, ctx: ServerContext) -> None:
         b = ctx.broker
         cert, key, client_id = service_identity(ctx, identity.ROLLOUTS)
         if ctx.managed_broker is None:
             client_id = f"fleet-rollouts-{uuid.uuid4().hex[:8]}"
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        self.session = MqttSession(
+            "rollout-publisher",
+            SessionOptions(host=b.host, port=b.port, client_id=client_id, tls=_tls(ctx, cert, key)),
         )
-        self.client.tls_set_context(_tls(ctx, cert, key))
-        self.client.reconnect_delay_set(1, 10)
-        self.guard = MqttGuard("rollout-publisher")
-        self.client.on_connect = self.guard.wrap("on_connect", self._on_connect)
-        self.client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
-        self.connected = False
-        self._up = threading.Event()
+        self.guard = self.session.guard
+        self.client = self.session.client
         self.failures = 0
         self.published = 0
-        self._last_error = ""
-        self.guard.start(self.client, lambda: self.client.connect_async(b.host, b.port))
+        self.session.start()
 
-    def _on_connect(self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any) -> None:
-        self.connected = not reason.is_failure
-        if self.connected:
-            self._up.set()
-        if reason.is_failure:
-            self._last_error = f"broker refused the connection: {reason}"
-            log.error("rollout publisher: %s", self._last_error)
-
-    def _on_disconnect(
-        self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Any
-    ) -> None:
-        self.connected = False
-        self._last_error = f"disconnected: {reason}"
+    @property
+    def connected(self) -> bool:
+        return self.session.connected
 
     def wait_connected(self, timeout_s: float) -> bool:
-        """Wait for the first CONNACK that accepts; whether it came."""
-        return self._up.wait(timeout_s)
+        """Wait for a CONNACK that accepts; whether it came."""
+        return self.session.wait_connected(timeout_s)
 
     def __call__(self, topic: str, payload: bytes, retain: bool, expiry: int | None) -> None:
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         if expiry is not None:
             props.MessageExpiryInterval = expiry
-        info = self.client.publish(topic, payload, qos=1, retain=retain, properties=props)
-        info.wait_for_publish(PUBLISH_TIMEOUT_S)
-        if not info.is_published():
+        delivery = self.session.publish(topic, payload, qos=1, retain=retain, properties=props)
+        if not delivery.queued:
+            self.failures += 1
+            raise FleetError(f"{topic}: paho refused the publish: {delivery.rc}")
+        if not delivery.wait(PUBLISH_TIMEOUT_S):
             self.failures += 1
             raise FleetError(f"{topic}: the broker did not acknowledge the publish")
+        if delivery.refused:
+            self.failures += 1
+            raise FleetError(f"{topic}: the broker refused the publish: {delivery.reason}")
         self.published += 1
 
     def detail(self) -> dict[str, Any]:
         """Figures for the health probe."""
+        snap = self.session.snapshot()
         return {
-            "connected": self.connected,
             "published": self.published,
             "publish_failures": self.failures,
-            "last_error": self._last_error,
-            **self.guard.snapshot(),
+            **snap,
         }
 
     def close(self) -> None:
-        self.guard.stop()
-        self.client.disconnect()
-        self.client.loop_stop()
+        self.session.stop()
 
 
 class FileService:

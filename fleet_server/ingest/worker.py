@@ -1,6 +1,6 @@
 """The ingest worker: device reports from the broker, validated, batched into a sink.
 
-One paho client (MQTT 5, version-2 callbacks, ``connect_async`` + ``loop_start``)
+One MQTT 5 session (:class:`agent.kernel.mqtt.MqttSession`, manual acknowledgement)
 subscribes to every device's state, heartbeat, telemetry (health too), decisions, events
 and install state, through ``$share/<group>/...`` when a group is given, so that workers
 of one group share the load and each message reaches one of them.
@@ -36,11 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.kernel.mqtt import MqttSession, SessionOptions
 from agent.wire import topics
 from agent.wire.messages import MAX_PAYLOAD_BYTES, MessageError
 from fleet_server.errors import FleetError
@@ -168,45 +165,57 @@ class IngestWorker:
         self.max_disconnected_s = max_disconnected_s
         self.clock = clock
         self._storing_since: float | None = None
-        self._disconnected_since: float | None = time.monotonic()
         self.filters = [topics.device_filter(t) for t in INGEST_TOPICS]
         if group is not None:
             self.filters = [topics.shared(group, f) for f in self.filters]
         self._stats = IngestStats()
         self._queue: queue.Queue[_Item] = queue.Queue(maxsize=receive_maximum)
-        self._ready = threading.Event()
         self._stopping = threading.Event()
         self._abort = threading.Event()
-        self._unsubscribed = threading.Event()
-        self._generation = 0
-        self._last_error = ""
         self._thread: threading.Thread | None = None
         self._persistent = client_id is not None
-        context = tls_context(tls_ca, tls_cert, tls_key)
-        cid = client_id or f"fleet-ingest-{uuid.uuid4().hex[:12]}"
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True
+        self.session = MqttSession(
+            "ingest",
+            SessionOptions(
+                host=host,
+                port=port,
+                client_id=client_id or f"fleet-ingest-{uuid.uuid4().hex[:12]}",
+                keepalive_s=keepalive_s,
+                clean_start=not self._persistent,
+                session_expiry_s=session_expiry_s if self._persistent else None,
+                receive_maximum=receive_maximum,
+                manual_ack=True,
+                tls=tls_context(tls_ca, tls_cert, tls_key),
+                username=username,
+                password=password,
+                reconnect_min_s=RECONNECT_MIN_S,
+                reconnect_max_s=RECONNECT_MAX_S,
+            ),
         )
-        if username:
-            client.username_pw_set(username, password)
-        if context is not None:
-            client.tls_set_context(context)
-        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
-        client.on_unsubscribe = self._on_unsubscribe
-        self._client = client
-        self._connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        self._connect_props.ReceiveMaximum = receive_maximum
-        if self._persistent:
-            self._connect_props.SessionExpiryInterval = session_expiry_s
+        self._subs = [self.session.subscribe(f, self._on_message, qos=1) for f in self.filters]
+        self.session.add_listener(on_down=self._on_down)
+
+    @property
+    def _client(self) -> mqtt.Client:
+        return self.session.client
+
+    @property
+    def _generation(self) -> int:
+        return self.session.generation
+
+    @property
+    def _disconnected_since(self) -> float | None:
+        return None if self.ready else (self.session.down_since or time.monotonic())
+
+    @property
+    def _last_error(self) -> str:
+        errors = [s.error for s in self._subs if s.error]
+        return "; ".join(errors) or self.session.last_error
 
     @property
     def ready(self) -> bool:
         """Whether connected and subscribed."""
-        return self._ready.is_set()
+        return all(s.granted.is_set() for s in self._subs)
 
     def stats(self) -> IngestStats:
         """A copy of the counters."""
@@ -223,23 +232,18 @@ class IngestWorker:
             return
         if self._stopping.is_set():
             raise IngestError("a stopped worker does not start again; make a new one")
-        self._disconnected_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="fleet-ingest", daemon=True)
         self._thread.start()
-        self._client.connect_async(
-            self.host,
-            self.port,
-            self.keepalive_s,
-            clean_start=not self._persistent,
-            properties=self._connect_props,
-        )
-        self._client.loop_start()
-        if not self._ready.wait(timeout_s):
-            self.stop()
-            raise IngestError(
-                f"not subscribed on {self.host}:{self.port} within {timeout_s:g} s "
-                f"{self._last_error}".strip()
-            )
+        self.session.start()
+        deadline = time.monotonic() + timeout_s
+        for sub in self._subs:
+            if not sub.granted.wait(max(deadline - time.monotonic(), 0.0)):
+                error = self._last_error
+                self.stop()
+                raise IngestError(
+                    f"not subscribed on {self.host}:{self.port} within {timeout_s:g} s "
+                    f"{f'({error})' if error else ''}".strip()
+                )
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Store what was received, acknowledge it, disconnect; idempotent.
@@ -249,26 +253,25 @@ class IngestWorker:
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        if not self._persistent and self._ready.is_set():
-            # A clean session loses what it holds unacknowledged: stop the flow first.
-            result, _ = self._client.unsubscribe(self.filters)
-            if result != MQTTErrorCode.MQTT_ERR_SUCCESS or not self._unsubscribed.wait(
-                min(timeout_s, UNSUBSCRIBE_TIMEOUT_S)
-            ):
-                log.warning("ingest: not unsubscribed; messages in flight may be lost")
+        # A clean session loses what it holds unacknowledged: stop the flow first.
+        wait_s = min(timeout_s, UNSUBSCRIBE_TIMEOUT_S)
+        if (
+            not self._persistent
+            and self.ready
+            and not self.session.unsubscribe(self.filters, timeout_s=wait_s)
+        ):
+            log.warning("ingest: not unsubscribed; messages in flight may be lost")
         self._stopping.set()
         thread.join(timeout_s)
         if thread.is_alive():
             log.error("ingest: records not stored within %g s; left to the broker", timeout_s)
             self._abort.set()
             thread.join(RETRY_MAX_S)  # at most one pause between sink retries
-        self._ready.clear()
-        self._client.disconnect()
-        self._client.loop_stop()
+        self.session.stop()
 
-    # -- paho callbacks (network thread) -------------------------------------------
+    # -- session callbacks (network thread) ----------------------------------------
 
-    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
         stats = self._stats
         stats.received += 1
         if not stats.first_received:
@@ -286,44 +289,9 @@ class IngestWorker:
             stats.not_queued += 1
             log.error("ingest: queue full, %s left unacknowledged", msg.topic)  # noqa: TRY400
 
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _p: Any
-    ) -> None:
-        if reason.is_failure:
-            self._last_error = f"(broker refused the connection: {reason})"
-            log.error("ingest: broker %s:%d refused: %s", self.host, self.port, reason)
-            return
-        self._generation += 1
-        result, _ = client.subscribe([(f, 1) for f in self.filters])
-        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self._last_error = f"(subscribe failed: {mqtt.error_string(result)})"
-            log.error("ingest: subscribe failed: %s", mqtt.error_string(result))
-
-    def _on_subscribe(
-        self, _client: mqtt.Client, _userdata: Any, _mid: int, codes: list[ReasonCode], _p: Any
-    ) -> None:
-        failed = [f"{f}: {c}" for f, c in zip(self.filters, codes, strict=False) if c.is_failure]
-        if failed:
-            self._last_error = f"(subscription refused: {'; '.join(failed)})"
-            log.error("ingest: subscription refused: %s", failed)
-            return
-        self._last_error = ""
-        self._disconnected_since = None
-        self._ready.set()
-
-    def _on_unsubscribe(
-        self, _client: mqtt.Client, _userdata: Any, _mid: int, _codes: Any, _p: Any
-    ) -> None:
-        self._unsubscribed.set()
-
-    def _on_disconnect(
-        self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _p: Any
-    ) -> None:
-        if self._ready.is_set() and not self._stopping.is_set():
-            log.warning("ingest: lost broker %s:%d: %s", self.host, self.port, reason)
-        if self._disconnected_since is None:
-            self._disconnected_since = time.monotonic()
-        self._ready.clear()
+    def _on_down(self, reason: str) -> None:
+        if not self._stopping.is_set():
+            log.warning("ingest: %s", reason)
 
     # -- the worker thread ------------------------------------------------------------
 
@@ -384,8 +352,7 @@ class IngestWorker:
             if item.generation != generation:
                 self._stats.unacked += 1  # the broker resends it after the reconnect
                 continue
-            rc = self._client.ack(item.mid, item.qos)
-            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            if not self.session.ack(item.mid, item.qos):
                 self._stats.unacked += 1
 
     # -- health -----------------------------------------------------------------------
