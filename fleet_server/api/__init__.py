@@ -3,7 +3,6 @@
 from fleet_server.api.app import create_app, error_status
 from fleet_server.api.context import BrokerEndpoint, ServerContext
 from fleet_server.api.ports import ACTIONS, Action, ActionRefused, RolloutOps
-from fleet_server.api.views import rollout_view
 
 __all__ = [
     "ACTIONS",
@@ -14,5 +13,4 @@ __all__ = [
     "ServerContext",
     "create_app",
     "error_status",
-    "rollout_view",
 ]

@@ -11,7 +11,7 @@ A rollout is answered as a JSON object; :class:`fleet_server.api.models.RolloutO
 the keys the API documents and ``fleetctl rollouts status`` reads (``rollout_id``,
 ``bundle``, ``version``, ``release``, ``phase``, ``wave``, ``waves``, ``reason``,
 ``selector``, ``counts``, ``devices``, ``created_at``, ``updated_at``); other keys are passed
-through. :func:`fleet_server.api.views.rollout_view` builds that object from a stored
+through. :func:`fleet_server.rollout.view.view` builds that object from a stored
 rollout.
 """
 

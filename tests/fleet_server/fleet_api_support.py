@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.kernel.bundle import init_bundle
-from fleet_server.api import ActionRefused, ServerContext, rollout_view
+from fleet_server.api import ActionRefused, ServerContext
 from fleet_server.config import FleetServerConfig, parse_config
 from fleet_server.db import RolloutConflict, store
 from fleet_server.db.store import RolloutRecord
@@ -37,6 +37,7 @@ from fleet_server.rollout import (
     step,
     to_dict,
 )
+from fleet_server.rollout.view import view
 from fleet_server.serve import FleetServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -151,10 +152,14 @@ class LocalRolloutOps:
         return record
 
     def get(self, rollout_id: str) -> dict[str, Any]:
-        return rollout_view(self._record(rollout_id))
+        record = self._record(rollout_id)
+        return view(record, from_dict(record.controller_state), full=True)
 
     def list(self) -> list[dict[str, Any]]:
-        return [rollout_view(r, devices=False) for r in store.list_rollouts(self.ctx.engine)]
+        return [
+            view(r, from_dict(r.controller_state), full=False)
+            for r in store.list_rollouts(self.ctx.engine)
+        ]
 
     def act(self, rollout_id: str, action: str, reason: str) -> dict[str, Any]:
         record = self._record(rollout_id)
