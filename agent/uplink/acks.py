@@ -12,12 +12,13 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import MQTTErrorCode
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.kernel.mqtt import Delivery, MqttSession
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +120,19 @@ class AckTracker:
 
 
 class Publisher:
-    """Publishes on a paho client, tracks each answer and counts what happened.
+    """Publishes through an MQTT session, tracks each answer and counts what happened.
 
     Counters (:meth:`count`, :meth:`counts`) are shared with whoever reports through it.
     """
 
-    def __init__(self, client: mqtt.Client, bound: int) -> None:
-        self.client = client
+    def __init__(self, session: MqttSession, bound: int) -> None:
+        self.session = session
         self.acks = AckTracker(bound)
         self.last_error = ""
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self.on_answer: Callable[[], None] | None = None
+        """Called (network thread) after each answer, e.g. to wake a sender."""
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to counter ``key``."""
@@ -147,18 +150,19 @@ class Publisher:
         """Publish; the answer to wait for, or None when paho refused it (counted as
         ``unsent_<kind>``, reason in :attr:`last_error`). A QoS 1 message published while
         offline is held and sent on reconnect."""
-        info = self.client.publish(topic, payload, qos=qos, retain=retain)
-        held = info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos > 0
-        if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS or held:
+        delivery = self.session.publish(topic, payload, qos=qos, retain=retain)
+        if delivery.queued:
             self.count(f"sent_{kind}")
-            return self.acks.track(info.mid, kind)
+            pending = self.acks.track(delivery.mid, kind)
+            delivery.add_done_callback(self._answered)
+            return pending
         self.count(f"unsent_{kind}")
-        self.last_error = mqtt.error_string(info.rc)
+        self.last_error = mqtt.error_string(delivery.rc)
         log.warning("uplink: %s not sent: %s", kind, self.last_error)
         return None
 
-    def on_publish(
-        self, _c: mqtt.Client, _u: object, mid: int, reason: ReasonCode, _p: Properties | None
-    ) -> None:
-        """paho's ``on_publish`` callback (network thread)."""
-        self.acks.on_ack(mid, reason)
+    def _answered(self, delivery: Delivery) -> None:
+        if delivery.reason is not None:
+            self.acks.on_ack(delivery.mid, delivery.reason)
+        if self.on_answer is not None:
+            self.on_answer()

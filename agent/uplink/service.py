@@ -1,6 +1,8 @@
-"""The device's uplink to the fleet: one MQTT 5 connection over TLS with the device's
-identity, carrying its reported state (retained), heartbeats, health, events and
-decision uploads (:mod:`agent.wire.topics`, :mod:`agent.wire.messages`).
+"""The device's uplink to the fleet: on the device's one MQTT 5 session with the fleet
+broker (:mod:`agent.uplink.session`: TLS with the device's identity, shared with the
+directives service and the bundle fetcher), carrying its reported state (retained),
+heartbeats, health, events and decision uploads (:mod:`agent.wire.topics`,
+:mod:`agent.wire.messages`).
 
 Store and forward: health reports, events and decision batches go into the durable
 outbox first (:mod:`agent.uplink.outbox`), online or not, and are deleted only after a
@@ -25,19 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 from pydantic import ValidationError
 
 from agent.decisionlog import DecisionLog
 from agent.enrollment.identity import Identity
 from agent.errors import AgentError
-from agent.kernel.clientid import secret_client_id
 from agent.kernel.errors import EdgefleetError
-from agent.kernel.mqttguard import MqttGuard
+from agent.kernel.mqtt import MqttSession
 from agent.uplink import decisions
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.config import UplinkConfig
@@ -50,6 +46,7 @@ from agent.uplink.outbox import (
     Entry,
     Outbox,
 )
+from agent.uplink.session import fleet_session
 from agent.uplink.sysinfo import SysInfo
 from agent.wire import topics
 from agent.wire.messages import (
@@ -108,6 +105,10 @@ class Uplink:
         state_dir: where the outbox lives when its path is relative (default: the
             identity directory's parent).
         on_alarm: also told of the outbox's alarms (which are sent as ``alarm`` events).
+        session: the device's one session with the fleet broker
+            (:func:`agent.uplink.session.fleet_session`), shared with the directives
+            service and the bundle fetcher; whoever made it starts and stops it. None:
+            the uplink makes its own and starts and stops it.
 
     Raises:
         IdentityError: the identity's TLS files can't be loaded.
@@ -126,12 +127,11 @@ class Uplink:
         sysinfo: SysInfo | None = None,
         state_dir: Path | None = None,
         on_alarm: AlarmSink | None = None,
+        session: MqttSession | None = None,
     ) -> None:
         self.device_id = device_id
         self.identity = identity
         self.config = config
-        self.host = config.broker_host or identity.broker_host
-        self.port = config.broker_port or identity.broker_port
         self._state_source = state
         self._health_source = health
         state_dir = state_dir or identity.directory.parent
@@ -146,23 +146,13 @@ class Uplink:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._state_topic = topics.state(device_id)
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=secret_client_id(f"{device_id}-uplink", identity.key_path),
-            protocol=mqtt.MQTTv5,
-        )
-        identity.tls_configure(client)
-        client.will_set(
-            self._state_topic, encode(ReportedState.offline(device_id)), qos=1, retain=True
-        )
-        client.max_queued_messages_set(config.max_queued_messages)
-        client.reconnect_delay_set(1, config.reconnect_max_s)
-        self.guard = MqttGuard("uplink")
-        client.on_connect = self.guard.wrap("on_connect", self._on_connect)
-        client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
-        self._client = client
-        self._pub = Publisher(client, config.max_queued_messages)
-        client.on_publish = self.guard.wrap("on_publish", self._on_publish)
+        self._owns_session = session is None
+        self.session = session or fleet_session(identity, config, will=True)
+        self.host, self.port = self.session.options.host, self.session.options.port
+        self.guard = self.session.guard
+        self._listener = self.session.add_listener(on_up=self._on_up, on_down=self._on_down)
+        self._pub = Publisher(self.session, config.max_queued_messages)
+        self._pub.on_answer = self._on_answer
         self._batcher: decisions.Batcher | None = None
         self.outbox = Outbox(
             config.outbox_path(state_dir),
@@ -207,13 +197,10 @@ class Uplink:
                 self._batcher.reconcile()
             except EdgefleetError as exc:
                 log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
-        self.guard.start(
-            self._client,
-            lambda: self._client.connect_async(
-                self.host, self.port, keepalive=self.config.keepalive_s
-            ),
-            on_restart=self._connected.clear,
-        )
+        if self._owns_session:
+            self.session.start()
+        elif self.session.connected:
+            self._on_up()  # the shared session was up before the uplink joined it
         self._spawn("uplink-reports", self._reports_loop)
         self._spawn("uplink-outbox", self._drain.run)
         if self._batcher is not None:
@@ -247,10 +234,9 @@ class Uplink:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 log.error("uplink: thread %s did not stop within %.1f s", thread.name, timeout_s)
-        will = ReasonCode(PacketTypes.DISCONNECT, "Disconnect with will message")
-        self.guard.stop()
-        self._client.disconnect(reasoncode=will)
-        self._client.loop_stop()
+        self.session.remove_listener(self._listener)
+        if self._owns_session:
+            self.session.stop(max(deadline - time.monotonic(), 1.0), publish_will=True)
         self._connected.clear()
         self.outbox.close()
 
@@ -450,20 +436,10 @@ class Uplink:
 
     # -- paho callbacks (network thread) -----------------------------------------------
 
-    def _on_publish(
-        self, client: mqtt.Client, userdata: Any, mid: int, reason: ReasonCode, p: Properties | None
-    ) -> None:
-        self._pub.on_publish(client, userdata, mid, reason, p)
+    def _on_answer(self) -> None:
         self._drain.notify()
 
-    def _on_connect(
-        self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
-    ) -> None:
-        if reason.is_failure:
-            self._pub.count("connect_refused")
-            self._pub.last_error = f"the broker refused the connection: {reason}"
-            log.error("uplink: %s:%d refused the connection: %s", self.host, self.port, reason)
-            return
+    def _on_up(self) -> None:
         self._pub.count("connects")
         self._pub.last_error = ""
         self._connected.set()
@@ -472,15 +448,18 @@ class Uplink:
         self._drain.notify()
         self._decisions_wake.set()  # a backlog starts draining at once
 
-    def _on_disconnect(
-        self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode, _p: Properties | None
-    ) -> None:
+    def _on_down(self, reason: str) -> None:
         was_up = self._connected.is_set()
         self._connected.clear()
+        if "refused the connection" in reason:
+            self._pub.count("connect_refused")
+            self._pub.last_error = reason
+            log.error("uplink: %s", reason)
+            return
         if was_up:
             self._pub.count("disconnects")
             if not self._stop.is_set():
-                log.warning("uplink: lost %s:%d: %s", self.host, self.port, reason)
+                log.warning("uplink: %s", reason)
 
     # -- figures -----------------------------------------------------------------------
 
