@@ -188,10 +188,12 @@ def list_telemetry(
     return [Record(**r._asdict()) for r in rows]
 
 
-def list_decisions(
+def list_decision_records(
     bind: Bind, device_id: str | None = None, *, since: float | None = None, limit: int = 100
 ) -> list[DecisionRecord]:
-    """The newest decisions (of one device, at or after ``since``), newest first."""
+    """The newest decisions as stored (of one device, at or after ``since``), newest
+    first, payload included: what ingest wrote. The review's pages of decisions, with
+    filters, cursors and reviews, are :func:`fleet_server.review.list_decisions`."""
     rows = _recent(bind, decisions, _filters(decisions, device_id, since), limit)
     return [DecisionRecord(**r._asdict()) for r in rows]
 

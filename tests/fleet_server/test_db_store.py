@@ -74,7 +74,7 @@ def test_decisions_and_events_are_stored_once_and_read_back(db: Engine) -> None:
     assert store.insert_decisions(db, [decision]) == 0
     assert store.insert_events(db, [event]) == 1
     assert store.insert_events(db, [event]) == 0
-    assert store.list_decisions(db, "dev-a") == [decision]
+    assert store.list_decision_records(db, "dev-a") == [decision]
     assert store.list_events(db, "dev-a", kind="install") == [event]
     assert store.list_events(db, kind="alarm") == []
 

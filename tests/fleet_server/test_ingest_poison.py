@@ -101,7 +101,7 @@ def test_a_poison_record_is_quarantined_and_the_other_devices_records_are_stored
 
     assert batch.complete
     assert batch.failed == set()
-    stored = {(r.device_id, r.id) for r in store.list_decisions(db)}
+    stored = {(r.device_id, r.id) for r in store.list_decision_records(db)}
     if _storable_on(kind, db.dialect.name):
         assert stored == {(r.device_id, r.id) for r in [*good, poison]}
         assert (stats.stored, stats.quarantined) == (11, 0)
@@ -273,7 +273,7 @@ def test_device_times_out_of_bounds_are_quarantined_naming_the_field_and_bound(
     batch.store(SqlSink(db, clock=lambda: NOW + 1), stats, threading.Event(), FAST)
 
     assert [h.payload["seq"] for h in store.list_heartbeats(db, "dev-a")] == [1]
-    assert [d.id for d in store.list_decisions(db)] == [rows[0].id]
+    assert [d.id for d in store.list_decision_records(db)] == [rows[0].id]
     reasons = sorted(q.reason for q in store.list_quarantine(db))
     assert len(reasons) == 3
     assert any("ts 1e+300 is" in r and "max_clock_skew_s 3600" in r for r in reasons)
@@ -285,7 +285,7 @@ def test_device_times_out_of_bounds_are_quarantined_naming_the_field_and_bound(
     device = store.get_device(db, "dev-a")
     assert device is not None
     assert device.last_seen == NOW + 1  # the receive time
-    (decision,) = store.list_decisions(db)
+    (decision,) = store.list_decision_records(db)
     assert decision.received_at == NOW + 1
 
 

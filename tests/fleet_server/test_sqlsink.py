@@ -105,7 +105,7 @@ def test_each_kind_of_record_is_stored_once_and_the_counts_are_rows_inserted(db:
     assert store.count_records(db, "telemetry") == 2
     assert store.count_records(db, "decisions") == 4
     assert store.count_records(db, "events") == 1
-    (decision,) = [d for d in store.list_decisions(db, "dev-a") if d.id == rows[1].id]
+    (decision,) = [d for d in store.list_decision_records(db, "dev-a") if d.id == rows[1].id]
     assert (decision.ts, decision.outcome, decision.model_version) == (TS + 1, "reject", "1.0.0")
     assert decision.payload["outputs"] == {"score": 0.1}
     (event,) = store.list_events(db, "dev-a", kind="alarm")
