@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.enums import MQTTErrorCode
 from tuf.api.exceptions import DownloadError, DownloadHTTPError, SlowRetrievalError
 from tuf.ngclient.fetcher import FetcherInterface
 
-from agent.kernel.mqttguard import MqttGuard
+from agent.kernel.mqtt import MqttSession, SessionOptions, Subscription
 from agent.mqtt_config import LocalMqttConfig
 from agent.wire import topics
 from agent.wire.fetch import (
@@ -96,6 +95,30 @@ class LocalDirFetcher(FetcherInterface):
             raise DownloadError(f"{rel}: read failed: {exc.strerror or exc}") from exc
 
 
+def _tls(
+    context: ssl.SSLContext | None,
+    ca: Path | str | None,
+    cert: Path | str | None,
+    key: Path | str | None,
+) -> ssl.SSLContext | None:
+    """The TLS context: ``context``, or one made of the three files (TLS 1.2 at least,
+    host name checked), or None.
+
+    Raises:
+        ValueError: some but not all files, or files and ``context`` both.
+        OSError: a file can't be loaded (ssl.SSLError is one).
+    """
+    files = (ca, cert, key)
+    if all(f is None for f in files):
+        return context
+    if context is not None or any(f is None for f in files):
+        raise ValueError("give tls_ca, tls_cert and tls_key together, or tls_context")
+    made = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    made.minimum_version = ssl.TLSVersion.TLSv1_2
+    made.load_cert_chain(str(cert), str(key))
+    return made
+
+
 class _Retry(Exception):
     """The request got no answer (timeout, connection lost): ask again from the offset."""
 
@@ -131,6 +154,8 @@ class MqttFetcher(FetcherInterface):
         chunk_size: bytes asked per request (at most 256 KiB).
         tls_ca, tls_cert, tls_key: TLS with a client certificate (the device identity:
             :class:`agent.enrollment.identity.Identity` ``ca_path``, ``cert_path``, ``key_path``).
+        session: fetch through this session (see :meth:`on_session`); the connection
+            arguments are then not used.
 
     Raises:
         ValueError: a bad chunk size, some but not all TLS files, or TLS files and
@@ -155,10 +180,10 @@ class MqttFetcher(FetcherInterface):
         tls_ca: Path | str | None = None,
         tls_cert: Path | str | None = None,
         tls_key: Path | str | None = None,
+        session: MqttSession | None = None,
     ) -> None:
         if not 1 <= chunk_size <= MAX_CHUNK:
             raise ValueError(f"chunk_size {chunk_size} is not in [1, {MAX_CHUNK}]")
-        self.host, self.port = host, port
         self.device_id = device_id
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -168,39 +193,45 @@ class MqttFetcher(FetcherInterface):
         self.stats = FetchStats()
         self._request_topic = topics.fetch_request(device_id)
         self._response_topic = topics.fetch_response(device_id)
-        self._ready = threading.Event()
         self._lock = threading.Lock()  # one request in flight
-        self._state = threading.Lock()
-        self._generation = 0
-        self._refused: dict[int, ReasonCode] = {}
-        self._last_error = ""
         self._responses: queue.Queue[FetchResponse] = queue.Queue(_RESPONSE_QUEUE)
         self._started = False
-        cid = client_id or f"edge-agent-{device_id}-fetch-{uuid.uuid4().hex}"
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5)
-        if username:
-            client.username_pw_set(username, password)
-        tls_files = (tls_ca, tls_cert, tls_key)
-        if any(f is not None for f in tls_files):
-            if tls_context is not None or any(f is None for f in tls_files):
-                raise ValueError("give tls_ca, tls_cert and tls_key together, or tls_context")
-            client.tls_set(
-                ca_certs=str(tls_ca),
-                certfile=str(tls_cert),
-                keyfile=str(tls_key),
-                cert_reqs=ssl.CERT_REQUIRED,
-                tls_version=ssl.PROTOCOL_TLS_CLIENT,  # TLS 1.2 at least, host name checked
+        self._sub: Subscription | None = None
+        self._listener: Any = None
+        self._granted = threading.Event()
+        self._owns_session = session is None
+        if session is None:
+            session = MqttSession(
+                f"fetcher {device_id}",
+                SessionOptions(
+                    host=host,
+                    port=port,
+                    client_id=client_id or f"edge-agent-{device_id}-fetch-{uuid.uuid4().hex}",
+                    keepalive_s=keepalive_s,
+                    clean_start=True,
+                    tls=_tls(tls_context, tls_ca, tls_cert, tls_key),
+                    username=username,
+                    password=password,
+                    reconnect_min_s=RECONNECT_MIN_S,
+                    reconnect_max_s=RECONNECT_MAX_S,
+                ),
             )
-        elif tls_context is not None:
-            client.tls_set_context(tls_context)
-        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
-        self.guard = MqttGuard(f"fetcher {device_id}")
-        client.on_connect = self.guard.wrap("on_connect", self._on_connect)
-        client.on_disconnect = self.guard.wrap("on_disconnect", self._on_disconnect)
-        client.on_subscribe = self.guard.wrap("on_subscribe", self._on_subscribe)
-        client.on_message = self.guard.wrap("on_message", self._on_message)
-        client.on_publish = self.guard.wrap("on_publish", self._on_publish)
-        self._client = client
+        self.session = session
+        self.host, self.port = session.options.host, session.options.port
+        self.guard = session.guard
+
+    @classmethod
+    def on_session(cls, session: MqttSession, *, device_id: str, **options: Any) -> MqttFetcher:
+        """A fetcher on a session somebody else owns (the device's one fleet session):
+        it registers its response subscription there and takes it out on :meth:`close`,
+        and never starts or stops the session."""
+        return cls(
+            session.options.host,
+            session.options.port,
+            device_id=device_id,
+            session=session,
+            **options,
+        )
 
     @classmethod
     def from_config(cls, config: LocalMqttConfig, *, device_id: str, **options: Any) -> MqttFetcher:
@@ -217,27 +248,30 @@ class MqttFetcher(FetcherInterface):
         )
 
     def start(self) -> None:
-        """Connect in the background and keep reconnecting; idempotent."""
+        """Subscribe to this device's fetch responses, connecting in the background
+        (an own session); idempotent."""
         if self._started:
             return
         self._started = True
-        self.guard.start(
-            self._client,
-            lambda: self._client.connect_async(
-                self.host, self.port, self.keepalive_s, clean_start=True
-            ),
-            on_restart=self._ready.clear,
+        self._granted.clear()
+        self._listener = self.session.add_listener(on_down=self._on_down)
+        self._sub = self.session.subscribe(
+            self._response_topic, self._on_message, qos=1, on_suback=self._on_suback
         )
+        if self._owns_session:
+            self.session.start()
 
     def close(self) -> None:
-        """Disconnect and stop the network thread; idempotent."""
+        """Unsubscribe (disconnect, on an own session); idempotent."""
         if not self._started:
             return
         self._started = False
-        self.guard.stop()
-        self._client.disconnect()
-        self._client.loop_stop()
-        self._ready.clear()
+        self.session.remove_listener(self._listener)
+        self.session.unsubscribe([self._response_topic])
+        self._sub = None
+        self._granted.clear()
+        if self._owns_session:
+            self.session.stop()
 
     def __enter__(self) -> MqttFetcher:
         self.start()
@@ -249,7 +283,13 @@ class MqttFetcher(FetcherInterface):
     @property
     def ready(self) -> bool:
         """Whether connected and subscribed to this device's fetch responses."""
-        return self._ready.is_set()
+        return self._granted.is_set()
+
+    @property
+    def _last_error(self) -> str:
+        sub = self._sub
+        error = (sub.error if sub is not None else "") or self.session.last_error
+        return f"({error})" if error else ""
 
     def _fetch(self, url: str) -> Iterator[bytes]:
         path = _repository_path(url)
@@ -311,23 +351,22 @@ class MqttFetcher(FetcherInterface):
             DownloadError: paho or the broker refused the request.
         """
         wait = min(self.timeout_s, max(deadline - time.monotonic(), 0.0))
-        if not self._ready.wait(wait):
+        if not self._granted.wait(wait):
             raise _Retry(f"not connected to {self.host}:{self.port} {self._last_error}".strip())
-        with self._state:
-            generation = self._generation
+        generation = self.session.generation
         request = FetchRequest(id=uuid.uuid4().hex, path=path, offset=offset, max=self.chunk_size)
-        info = self._client.publish(self._request_topic, encode_request(request), qos=1)
-        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+        delivery = self.session.publish(self._request_topic, encode_request(request), qos=1)
+        if delivery.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
             raise _Retry("connection lost while sending the request")
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise DownloadError(f"{path}: paho refused the request: {mqtt.error_string(info.rc)}")
+        if delivery.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise DownloadError(
+                f"{path}: paho refused the request: {mqtt.error_string(delivery.rc)}"
+            )
         end = min(time.monotonic() + self.timeout_s, deadline)
         while True:
-            with self._state:
-                refused = self._refused.pop(info.mid, None)
-                lost = generation != self._generation or not self._ready.is_set()
-            if refused is not None:
-                raise DownloadError(f"{path}: the broker refused the request: {refused}")
+            if delivery.refused:
+                raise DownloadError(f"{path}: the broker refused the request: {delivery.reason}")
+            lost = generation != self.session.generation or not self._granted.is_set()
             remaining = end - time.monotonic()
             if lost:
                 raise _Retry("connection lost while waiting for the chunk")
@@ -341,55 +380,24 @@ class MqttFetcher(FetcherInterface):
                 return resp
             self.stats.stale_responses += 1
 
-    # -- paho callbacks (network thread) ------------------------------------------
+    # -- session callbacks (network thread) ----------------------------------------
 
-    def _on_connect(
-        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            self._last_error = f"(broker refused the connection: {reason})"
-            log.error("fetcher: broker %s:%d refused: %s", self.host, self.port, reason)
-            return
-        with self._state:
-            self._generation += 1
-        result, _ = client.subscribe(self._response_topic, qos=1)
-        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self._last_error = f"(subscribe failed: {mqtt.error_string(result)})"
-            log.error("fetcher: subscribe to %s failed: %s", self._response_topic, result)
+    def _on_suback(self, granted: bool, reason: str) -> None:
+        if granted:
+            self._granted.set()
+        else:
+            self._granted.clear()
+            log.error("fetcher: %s", reason)
 
-    def _on_subscribe(
-        self, _client: mqtt.Client, _userdata: Any, _mid: int, codes: list[ReasonCode], _p: Any
-    ) -> None:
-        failed = [str(code) for code in codes if code.is_failure]
-        if failed:
-            self._last_error = f"(subscription refused: {', '.join(failed)})"
-            log.error("fetcher: subscription to %s refused: %s", self._response_topic, failed)
-            return
-        self._last_error = ""
-        self._ready.set()
-
-    def _on_disconnect(
-        self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode, _props: Any
-    ) -> None:
-        with self._state:
-            self._generation += 1
-        was_up = self._ready.is_set()
-        self._ready.clear()
+    def _on_down(self, reason: str) -> None:
+        was_up = self._granted.is_set()
+        self._granted.clear()
         if was_up:
             self.stats.disconnects += 1
         if was_up and self._started:
-            log.warning("fetcher: lost broker %s:%d: %s", self.host, self.port, reason)
+            log.warning("fetcher: %s", reason)
 
-    def _on_publish(
-        self, _client: mqtt.Client, _userdata: Any, mid: int, reason: ReasonCode, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            with self._state:
-                self._refused[mid] = reason
-                while len(self._refused) > _RESPONSE_QUEUE:
-                    self._refused.pop(next(iter(self._refused)))
-
-    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
         try:
             resp = decode_response(bytes(msg.payload), msg.properties)
         except FetchProtocolError as exc:
