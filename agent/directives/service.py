@@ -10,21 +10,17 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.directives.config import BundlesConfig
 from agent.directives.host import RunningAgent
 from agent.directives.link import Report, apply_directive, make_client
 from agent.enrollment.identity import Identity
 from agent.installer import Installer
-from agent.kernel.clientid import secret_client_id
-from agent.kernel.mqttguard import MqttGuard
+from agent.kernel.mqtt import MqttSession, SessionOptions
 from agent.update.fetchers import MqttFetcher
+from agent.uplink.session import fleet_session
 from agent.wire import topics
 
 log = logging.getLogger(__name__)
@@ -60,6 +56,7 @@ class DirectivesService:
         hardware_class: str,
         identity: Identity | None = None,
         on_report: Callable[[Report], None] | None = None,
+        session: MqttSession | None = None,
     ) -> None:
         self.agent = agent
         self.cfg = cfg
@@ -75,33 +72,32 @@ class DirectivesService:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        m = cfg.mqtt
-        client_id = f"{m.client_id_prefix}-{self.device_id}-updates"
-        if identity is not None:  # on the fleet broker: an id no other device can guess
-            client_id = secret_client_id(client_id, identity.key_path)
-        self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
-        )
-        if identity is not None:  # enrolled: the fleet broker with the device's certificate
-            identity.tls_configure(self._client)
-        elif m.username:
-            self._client.username_pw_set(m.username, m.password())
-        self.guard = MqttGuard("update link")
-        self._client.on_connect = self.guard.wrap("on_connect", self._on_connect)
-        self._client.on_message = self.guard.wrap("on_message", self._on_message)
-        self._client.reconnect_delay_set(1, 10)
-
-    def _broker(self) -> tuple[str, int]:
-        if self.identity is not None:
-            return self.identity.broker_host, self.identity.broker_port
-        return self.cfg.mqtt.host, self.cfg.mqtt.port
+        # Enrolled: the device's one fleet session (the uplink's, when it runs; else one
+        # of our own). Not enrolled: [bundles] mqtt, a plain broker (development, tests).
+        self._owns_session = session is None
+        if session is None and identity is not None:
+            session = fleet_session(identity, will=False)
+        elif session is None:
+            m = cfg.mqtt
+            session = MqttSession(
+                "directives",
+                SessionOptions(
+                    host=m.host,
+                    port=m.port,
+                    client_id=f"{m.client_id_prefix}-{self.device_id}-updates",
+                    keepalive_s=m.keepalive_s,
+                    username=m.username,
+                    password=m.password(),
+                ),
+            )
+        self.session = session
+        self.guard = session.guard
+        self._topic = topics.directive(self.device_id)
 
     def start(self) -> None:
-        host, port = self._broker()
-        self.guard.start(
-            self._client,
-            lambda: self._client.connect_async(host, port, keepalive=self.cfg.mqtt.keepalive_s),
-        )
+        self.session.subscribe(self._topic, self._on_message, qos=1)
+        if self._owns_session:
+            self.session.start()
         self._thread = threading.Thread(target=self._loop, name="fleet-updates", daemon=True)
         self._thread.start()
 
@@ -110,19 +106,11 @@ class DirectivesService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        self.guard.stop()
-        self._client.disconnect()
-        self._client.loop_stop()
+        self.session.unsubscribe([self._topic])
+        if self._owns_session:
+            self.session.stop(timeout_s)
 
-    def _on_connect(
-        self, client: mqtt.Client, _u: Any, _f: Any, rc: ReasonCode, _p: Properties | None
-    ) -> None:
-        if rc.is_failure:
-            log.error("fleet broker refused the connection: %s", rc)
-            return
-        client.subscribe(topics.directive(self.device_id), qos=1)
-
-    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+    def _on_message(self, msg: mqtt.MQTTMessage) -> None:
         if not msg.payload:  # the fleet cleared the retained directive: nothing to do
             log.info("directive cleared on %s", msg.topic)
             return
@@ -146,26 +134,17 @@ class DirectivesService:
             self.reports.append(report)
             if self.on_report is not None:
                 self.on_report(report)
-            self._client.publish(
+            delivery = self.session.publish(
                 topics.install_state(self.device_id), json.dumps(report), qos=1, retain=True
             )
+            if not delivery.queued:
+                log.error("install report not sent: %s", mqtt.error_string(delivery.rc))
 
     def apply(self, directive: bytes) -> Report:
-        if self.identity is not None:
-            host, port = self._broker()
-            fetcher = MqttFetcher(
-                host,
-                port,
-                device_id=self.device_id,
-                timeout_s=self.cfg.fetch_timeout_s,
-                tls_ca=self.identity.ca_path,
-                tls_cert=self.identity.cert_path,
-                tls_key=self.identity.key_path,
-            )
-        else:
-            fetcher = MqttFetcher.from_config(
-                self.cfg.mqtt, device_id=self.device_id, timeout_s=self.cfg.fetch_timeout_s
-            )
+        # Fetches go through the directives' session: one connection to the broker.
+        fetcher = MqttFetcher.on_session(
+            self.session, device_id=self.device_id, timeout_s=self.cfg.fetch_timeout_s
+        )
         fetcher.start()
         try:
             client = make_client(
