@@ -1,12 +1,144 @@
-"""What the running agent says about itself: its part of the fleet's ``Health`` report."""
+"""What the running agent says about itself: liveness and readiness (/healthz, /readyz),
+its stats, the metrics' gauges (refreshed by a thread of their own), and its part of the
+fleet's ``Health`` report."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent.actions.dispatcher import ActionDispatcher
 from agent.capture import Camera
+from agent.decisionlog import DecisionLog
+from agent.metrics import AgentMetrics
+from agent.pipelines import Pipelines
+from agent.planning import Problem
+from agent.sensors import SensorSource
+from agent.upstream import Upstream
 from runtime import WorkerPool
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 1.0
+
+
+def liveness(
+    pipelines: Pipelines, decision_log: DecisionLog, upstream: Upstream, *, configured: bool
+) -> tuple[bool, dict[str, Any]]:
+    """Alive: the pool has workers and the decision log writer runs (with no pipeline
+    configured, alive anyway)."""
+    pool = pipelines.pool
+    pool_ok = pool is not None and pool.degraded is None
+    details: dict[str, Any] = {
+        "pool": "ok" if pool_ok else (pool.degraded if pool else "not started"),
+        "decision_log": decision_log.stats(),
+        "problems": problem_lines(pipelines.problems),
+        "sensors": {n: sensor_health(s) for n, s in pipelines.sensors.items()},
+    }
+    if upstream.updates is not None:
+        reports = upstream.updates.reports
+        last = reports[-1] if reports else None
+        details["last_install"] = last
+        details["stale"] = bool(last and last.get("stale"))
+    if upstream.uplink is not None:
+        up = upstream.uplink.stats()
+        box = up["outbox"]
+        details["uplink"] = {"connected": bool(up["connected"]), "last_error": up["last_error"]}
+        details["outbox"] = {
+            "pending": box["pending"],
+            "bytes": box["bytes"],
+            "dropped": box["dropped"],
+            "dropping": box["dropping"],
+        }
+    return (pool_ok or not configured), details
+
+
+def readiness(pipelines: Pipelines) -> tuple[bool, dict[str, Any]]:
+    """Ready: every started pipeline runs and every camera delivers."""
+    cams = {n: c.up for n, c in pipelines.cameras.items()}
+    sensors = {n: s.up and not s.stats().get("silent", False) for n, s in pipelines.sensors.items()}
+    pool = pipelines.pool
+    ok = (
+        bool(pipelines.runners)
+        and all(cams.values())
+        and all(sensors.values())
+        and (pool is not None and pool.ready_workers() > 0)
+    )
+    return ok, {
+        "cameras": cams,
+        "sensors": sensors,
+        "pipelines": [r.name for r in pipelines.runners],
+    }
+
+
+def agent_stats(
+    pipelines: Pipelines, decision_log: DecisionLog, dispatcher: ActionDispatcher
+) -> dict[str, Any]:
+    """Everything at once (``edge-agent run --stats``)."""
+    return {
+        "pipelines": {r.name: vars(r.stats) for r in pipelines.runners},
+        "cameras": {n: dataclasses.asdict(c.stats()) for n, c in pipelines.cameras.items()},
+        "decision_log": decision_log.stats(),
+        "actions": dispatcher.stats(),
+        "problems": problem_lines(pipelines.problems),
+    }
+
+
+def update_gauges(
+    metrics: AgentMetrics, pipelines: Pipelines, decision_log: DecisionLog, upstream: Upstream
+) -> None:
+    """Set the metrics that are read from the parts rather than counted as things happen."""
+    m = metrics
+    for name, cam in pipelines.cameras.items():
+        s = cam.stats()
+        m.camera_up.labels(camera=name).set(1 if s.up else 0)
+        m.fps.labels(camera=name).set(s.fps_measured)
+        m.set_counter(m.frames, s.frames_captured, camera=name)
+        m.set_counter(m.frames_dropped, s.frames_dropped, camera=name)
+        m.set_counter(m.camera_reopens, s.reopens, camera=name)
+    for name, sensor in pipelines.sensors.items():
+        m.update_sensor(name, sensor.stats())
+    m.update_decision_log(decision_log.stats())
+    if upstream.uplink is not None:
+        m.update_uplink(upstream.uplink.stats())
+    pool = pipelines.pool
+    if pool is not None:
+        for info in pool.models:
+            m.queue_depth.labels(queue=info.name).set(pool.queued(info.name))
+
+
+class GaugeThread:
+    """Calls ``update`` every :data:`STATS_INTERVAL_S` on a thread of its own until
+    stopped; an error is logged and the next round runs."""
+
+    def __init__(self, update: Callable[[], None], stop: threading.Event) -> None:
+        self._update = update
+        self._stop = stop
+        self._thread = threading.Thread(target=self._loop, name="agent-stats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(STATS_INTERVAL_S):
+            try:
+                self._update()
+            except Exception:  # metrics must never take the agent down; log and go on
+                log.exception("updating metrics failed")
+
+
+def problem_lines(problems: list[Problem]) -> list[str]:
+    return [f"{p.part}: {p.reason}" for p in problems]
+
+
+def sensor_health(sensor: SensorSource) -> dict[str, Any]:
+    """A sensor on /healthz: up, and for an MQTT sensor its thread and its silence."""
+    st = sensor.stats()
+    keys = ("up", "silent", "silent_s", "thread_alive", "thread_restarts", "callback_errors")
+    return {k: st[k] for k in keys if k in st} | {"last_error": st.get("last_error", "")}
 
 
 def agent_health(

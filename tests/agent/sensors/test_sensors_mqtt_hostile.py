@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from agent.app import _sensor_health
 from agent.metrics import AgentMetrics
 from agent.mqtt_config import LocalMqttConfig
 from agent.sensors import SensorConfig
 from agent.sensors.mqtt_source import MqttSensor
+from agent.status import sensor_health
 from tests.agent.sensors.test_sensors_mqtt import publish, wait_for
 from tests.support.broker import Broker
 
@@ -121,7 +121,7 @@ def test_a_silent_sensor_is_reported_and_a_reading_ends_the_silence(
     sensor = _sensor(made, mosquitto, "quiet", max_silence_s=0.3)
     wait_for(lambda: bool(sensor.stats()["silent"]), WAIT_S, "the sensor reported silent")
     assert sensor.up  # connected and subscribed, and still nothing comes
-    health = _sensor_health(sensor)
+    health = sensor_health(sensor)
     assert health["silent"] is True
     assert health["up"] is True
     assert health["thread_alive"] is True
