@@ -166,6 +166,9 @@ def _layout_block() -> str:
     return block.group(1)
 
 
+SUBDIRS_NAMED = ("runtime", "agent", "fleet_server", "hil", "tests", "docs")
+
+
 def test_readme_layout_matches_the_tree() -> None:
     layout = _layout_block()
     named = re.findall(r"^ {0,2}([\w./-]+/?)(?=\s|$)", layout, flags=re.MULTILINE)
@@ -178,4 +181,14 @@ def test_readme_layout_matches_the_tree() -> None:
     top_dirs = sorted({p.split("/", 1)[0] for p in tracked if "/" in p and not p.startswith(".")})
     top_dirs = [d for d in top_dirs if (ROOT / d).is_dir()]
     left_out = [d for d in top_dirs if f"{d}/" not in paths]
+    assert not left_out, f"README.md's Layout leaves out {left_out}"
+    # ... and every package's (and docs/, tests/) folders one level down.
+    sub_dirs = sorted(
+        {
+            "/".join(p.split("/")[:2])
+            for p in tracked
+            if p.count("/") >= 2 and p.split("/")[0] in SUBDIRS_NAMED
+        }
+    )
+    left_out = [d for d in sub_dirs if f"{d}/" not in paths]
     assert not left_out, f"README.md's Layout leaves out {left_out}"
