@@ -57,8 +57,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The tests run in TEST_WORKERS processes (pytest-xdist; each test file on one worker, so a
+# file's fixtures stay shared), and the 20 slowest are printed at the end.
+TEST_WORKERS ?= 3
+
 test: sysdeps $(STAMP) $(MODELS) lint typecheck
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # The runtime bench model: PP-OCR mobile v2 text-direction classifier at its native
 # 48x192 input, about 1 ms per run on one x86 core.
