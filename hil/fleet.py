@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -30,18 +29,12 @@ from fleet_server.db.tables import decisions, devices, events, rollout_devices, 
 from fleet_server.repository import KeyStore, Passphrases, Repository
 from hil import shell
 from hil.errors import FleetSetupError, HilError
+from hil.loopback import free_port
 
 BIN = Path(sys.executable).parent
 TOKEN_ENV = "EDGEFLEET_HIL_OPERATOR_TOKEN"  # noqa: S105 - the variable's name
 PASSPHRASE_ENV = "EDGEFLEET_KEY_PASSPHRASE"  # noqa: S105 - the variable's name
 START_TIMEOUT_S = 60.0
-
-
-def free_port(host: str) -> int:
-    """A TCP port nobody listens on at ``host`` right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import argparse
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 from hil.demo_assets import edit_manifest, prepare
+from hil.loopback import start_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -168,25 +168,6 @@ def assign_later(demo: Path, env: dict[str, str], port: int, delay_s: float) -> 
     )
 
 
-def start_broker(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    log = (workdir / "mosquitto.log").open("wb")
-    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log)
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"mosquitto did not start: see {workdir / 'mosquitto.log'}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=str(ROOT / ".cache/models"))
@@ -200,7 +181,8 @@ def main() -> int:
         return 0
     shutil.rmtree(demo / "state", ignore_errors=True)  # each demo starts a fresh device
     env = make_fleet(demo)
-    broker, port = start_broker(demo)
+    broker = start_broker(demo)
+    port = broker.port
     sub = subprocess.Popen(  # shows what the robot and the fleet receive
         [
             shutil.which("mosquitto_sub") or "mosquitto_sub",
@@ -235,9 +217,8 @@ def main() -> int:
     finally:
         files.stop()
         sub.terminate()
-        broker.terminate()
         sub.wait(5)
-        broker.wait(5)
+        broker.stop()
     lines = (demo / "robot.log").read_text().splitlines()
     robot = [line for line in lines if line.startswith("factory/")]
     installs = [line for line in lines if "/install/state" in line]

@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,11 +32,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo  # the demo's local Mosquitto (start_broker)
-
 from hil.demo_assets import edit_manifest, prepare
+from hil.loopback import free_port, start_broker
 from runtime.profiles import load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BIN = Path(sys.executable).parent
 AGENTS = ("cam-a", "cam-b")
@@ -94,12 +93,6 @@ outcomes = ["reject"]
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(args: list[str], env: dict[str, str], **kw: object) -> str:
     out = subprocess.run(args, env=env, check=True, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
     return str(out.stdout)
@@ -141,8 +134,8 @@ def show_review(env: dict[str, str], device: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=str(demo.ROOT / ".cache/models"))
-    ap.add_argument("--dir", default=str(demo.ROOT / ".cache/demo"))
+    ap.add_argument("--models", default=str(ROOT / ".cache/models"))
+    ap.add_argument("--dir", default=str(ROOT / ".cache/demo"))
     args = ap.parse_args()
     d = Path(args.dir).resolve()
     prepare(d, Path(args.models))
@@ -169,7 +162,8 @@ def main() -> int:
         f"[broker.mosquitto]\nport = {mqtt}\npersistence = false\n"
         f'[repository]\npath = "{repo}"\nkeystore = "{keys}"\n[rollouts]\ntick_s = 1.0\n'
     )
-    local, local_port = demo.start_broker(d)
+    local = start_broker(d)
+    local_port = local.port
     procs: list[subprocess.Popen[bytes]] = []
     server = subprocess.Popen(
         [str(BIN / "fleet-server"), "serve", "--config", str(fleet / "fleet.toml")],
@@ -299,8 +293,7 @@ def main() -> int:
             p.wait(20)
         server.send_signal(signal.SIGTERM)
         server.wait(30)
-        local.terminate()
-        local.wait(5)
+        local.stop()
     for dev in AGENTS:
         lines = (d / "agents" / dev / "echo.log").read_text().splitlines()
         decided = [x for x in lines if " cam1 " in x]

@@ -29,11 +29,11 @@ from hil.bench.fleet import (
     LABELS,
     PASSPHRASE_ENV,
     PROFILE,
-    _free_port,
     _make_repository,
     _recording,
 )
 from hil.linkproxy import LinkProxy
+from hil.loopback import free_port
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
             {
                 "server": {"state_dir": str(root / "state"), "log_level": "warning"},
                 "http": {"port": 0},
-                "broker": {"mosquitto": {"port": _free_port(), "persistence": False}},
+                "broker": {"mosquitto": {"port": free_port(), "persistence": False}},
                 "database": {"url": sqlite_url(db)},
                 "repository": {"path": str(repo), "keystore": str(keys)},
             }

@@ -21,7 +21,6 @@ import logging
 import multiprocessing as mp
 import os
 import secrets
-import socket
 import ssl
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from fleet_server.repository import KeyStore, Passphrases, Repository
 from fleet_server.repository.bundledir import manifest_target
 from fleet_server.serve import FleetServer, Service, ServiceFactory
 from fleet_server.services import IngestService
+from hil.loopback import free_port
 
 log = logging.getLogger(__name__)
 
@@ -252,13 +252,6 @@ def _enroll(url: str, engine: sa.Engine, device_id: str, out: Path) -> None:
     key.chmod(0o600)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _stored(engine: sa.Engine) -> tuple[int, int]:
     """(heartbeat rows, distinct (device, record id) among them)."""
     distinct = sa.select(heartbeats.c.device_id, heartbeats.c.record_id).distinct().subquery()
@@ -302,7 +295,7 @@ def bench_fleet(
         data: dict[str, Any] = {
             "server": {"state_dir": str(root / "state"), "log_level": "warning"},
             "http": {"port": 0, "max_concurrency": 1000},
-            "broker": {"mosquitto": {"port": _free_port(), "persistence": False}},
+            "broker": {"mosquitto": {"port": free_port(), "persistence": False}},
             "repository": {"path": str(repo), "keystore": str(keys)},
             "rollouts": {"tick_s": 0.5},
         }
