@@ -2,9 +2,10 @@
 
 Mosquitto hands a session to the newest connection with its client id, so a client that
 knows another's id can take its session over (kick it, again and again). Where the broker
-binds the id to the certificate (``use_username_as_clientid``) that can't happen; until
-every client holds one connection per certificate (the agent still opens several), each
-connection's id ends in a secret only its holder has: a digest of its own private key.
+binds the id to the certificate (``use_username_as_clientid``, on by default for the
+managed broker now that every client holds one connection per certificate) that can't
+happen; for a broker that does not (an external one), each connection's id ends in a
+secret only its holder has: a digest of its own private key.
 The id is the same at every start (a persistent session carries on) and tells nobody
 anything about the key (SHA-256, domain-separated, 96 bits shown).
 """

@@ -74,14 +74,14 @@ class MosquittoConfig(Section):
         "may read and write every device's topics.",
     )
     clientid_is_identity: bool = Field(
-        False,
+        True,
         description="use_username_as_clientid: a client's id is its certificate's CN, so "
         "no client can take over another's session (a device naming a service's or "
         "another device's client id gets its own CN instead). Every connection then needs "
-        "its own certificate: the fleet services have one each, but an agent still opens "
-        "up to three connections with its one device certificate (uplink, update link, "
-        "bundle fetcher), which would take over each other's session; so off until the "
-        "agent holds one connection (docs/adr/0005-broker-identity-and-limits.md).",
+        "its own certificate: the fleet services have one each and an agent holds one "
+        "connection to the fleet broker (uplink, directives and bundle fetches share it). "
+        "Turn it off only for tools that open several connections with one certificate "
+        "(docs/adr/0005-broker-identity-and-limits.md).",
     )
     max_packet_size: int = Field(
         1024 * 1024,

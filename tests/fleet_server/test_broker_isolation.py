@@ -65,8 +65,9 @@ def strict(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Manag
 
 
 @pytest.fixture(scope="module")
-def default(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedBroker]:
-    broker = _broker(pki, tmp_path_factory.mktemp("default"))
+def loose(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedBroker]:
+    """The broker with clientid_is_identity turned off (the default is on)."""
+    broker = _broker(pki, tmp_path_factory.mktemp("loose"), clientid_is_identity=False)
     broker.start()
     yield broker
     broker.stop()
@@ -125,11 +126,11 @@ def test_a_device_naming_another_clients_id_does_not_kick_it(
 
 
 def test_without_clientid_is_identity_the_same_attack_kicks_the_victim(
-    peers: list[Peer], pki: Pki, default: ManagedBroker
+    peers: list[Peer], pki: Pki, loose: ManagedBroker
 ) -> None:
     """Why the option exists (and proof the test above can fail)."""
-    target = _connect(peers, pki, default, "svc-files", client_id=identity.service_cn("files"))
-    _connect(peers, pki, default, "dev-b", client_id=identity.service_cn("files"))
+    target = _connect(peers, pki, loose, "svc-files", client_id=identity.service_cn("files"))
+    _connect(peers, pki, loose, "dev-b", client_id=identity.service_cn("files"))
     target.wait_closed()
 
 
@@ -260,9 +261,11 @@ def test_acl_and_conf_name_each_service_and_the_limits(tmp_path: Path) -> None:
         acl_text("fleet-server", ["mallory"])
     base = {"state_dir": tmp_path}
     conf = mosquitto_conf(MosquittoConfig(**base))
-    assert "use_username_as_clientid" not in conf
+    assert "\nuse_identity_as_username true\nuse_username_as_clientid true\n" in conf  # default
+    loose = mosquitto_conf(MosquittoConfig(**base, clientid_is_identity=False))
+    assert "use_username_as_clientid" not in loose
     assert "\nmax_queued_bytes 268435456\n" in conf
     assert "\nmax_queued_messages 100000\n" in conf
     assert "\nmax_packet_size 1048576\n" in conf
     strict = mosquitto_conf(MosquittoConfig(**base, clientid_is_identity=True))
-    assert "\nuse_identity_as_username true\nuse_username_as_clientid true\n" in strict
+    assert strict == conf

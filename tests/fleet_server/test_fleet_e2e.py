@@ -5,6 +5,7 @@ wave and nothing runs it afterwards."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -227,6 +228,7 @@ def test_three_agents_roll_out_in_waves_and_a_bad_bundle_stops_at_its_first_wave
         assert view["phase"] in stopped, view
         # the canary failed its health window and went back by itself; nobody runs 1.2.0
         assert [_release(url, d) for d in DEVICES] == [2, 2, 2]
+        _each_device_held_one_connection(tmp_path / "fleet.log")
     finally:
         for proc in agents:
             with_suppressed = proc.poll() is None
@@ -238,3 +240,14 @@ def test_three_agents_roll_out_in_waves_and_a_bad_bundle_stops_at_its_first_wave
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+
+
+def _each_device_held_one_connection(fleet_log: Path) -> None:
+    """One MQTT connection per agent (uplink, directives and fetches share it): with the
+    client id bound to the certificate, a second one would take the first's session over.
+    """
+    text = fleet_log.read_text()
+    for device in DEVICES:
+        connects = re.findall(rf"New client connected from \S+ as {re.escape(device)} ", text)
+        assert len(connects) == 1, f"{device} connected {len(connects)} times"
+    assert "already connected, closing old connection" not in text

@@ -45,6 +45,9 @@ def external(tmp_path: Path) -> Iterator[tuple[Path, int]]:
             crlfile=ca.crl_path,
             certfile=tmp_path / "server.crt",
             keyfile=tmp_path / "server.key",
+            # the services share one certificate here: an external broker must not bind
+            # the client id to it (fleet_server/services.py)
+            clientid_is_identity=False,
         )
     )
     broker.start()
