@@ -70,13 +70,12 @@ def sessions() -> Iterator[list[MqttSession]]:
 
 
 def _session(made: list[MqttSession], broker: Broker, name: str, **options: object) -> MqttSession:
+    settings: dict[str, object] = {"reconnect_max_s": 1, "check_s": 0.05, **options}
     opts = SessionOptions(
         host=broker.host,
         port=broker.port,
         client_id=f"test-{name}",
-        reconnect_max_s=1,
-        check_s=0.05,
-        **options,  # type: ignore[arg-type]
+        **settings,  # type: ignore[arg-type]
     )
     session = MqttSession(name, opts)
     made.append(session)
