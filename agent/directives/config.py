@@ -1,5 +1,6 @@
-"""The ``[bundles]`` section (signed bundles from the fleet): where the fleet's broker is and
-where the trust root lives. Called ``[fleet]`` before; that name is a deprecated alias."""
+"""The ``[bundles]`` section (signed bundles from the fleet): where the trust root lives, and
+the broker of a device that is not enrolled. Called ``[fleet]`` before; that name is a
+deprecated alias."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ class BundlesConfig(Section):
     enabled: bool = Field(False, description="Take directives from the fleet's broker.")
     mqtt: LocalMqttConfig = Field(
         default_factory=LocalMqttConfig,
-        description="The fleet's broker (directives, bundle fetches, install reports).",
+        description="A plain broker for directives, bundle fetches and install reports, "
+        "used only while the device is not enrolled (development, tests); an enrolled "
+        "device uses its one fleet session (agent/uplink/session.py says where the fleet "
+        "broker is).",
     )
     trust_dir: Path = Field(
         Path("trust"),

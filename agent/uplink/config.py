@@ -23,10 +23,15 @@ class UplinkConfig(Section):
         "state directory.",
     )
     broker_host: str | None = Field(
-        None, description="The fleet broker's host (default: the one enrollment gave)."
+        None,
+        description="Override of the fleet broker's host (default: the one enrollment gave); "
+        "for the device's one fleet session: uplink, directives and bundle fetches.",
     )
     broker_port: int | None = Field(
-        None, ge=1, le=65535, description="The fleet broker's TLS port (default: from enrollment)."
+        None,
+        ge=1,
+        le=65535,
+        description="Override of the fleet broker's TLS port (default: from enrollment).",
     )
     keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive in seconds.")
     reconnect_max_s: int = Field(
