@@ -17,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tuf.api.exceptions import DownloadError, DownloadHTTPError, SlowRetrievalError
 
 from agent.kernel.bundle import load_bundle
+from agent.kernel.mqtt import MqttSession, SessionOptions
 from agent.update import FetchFailed, MqttFetcher
 from agent.wire import topics
 from agent.wire.fetch import MAX_CHUNK, decode_response
@@ -117,6 +118,38 @@ def test_bundle_downloads_through_the_mqtt_file_server_in_chunks_of_256_kib(
     assert any(
         s.path == "metadata/2.root.json" and s.status == "not-found" for s in server.stats.recent
     )
+
+
+def test_a_fetcher_on_a_shared_session_downloads_and_leaves_the_session_to_its_owner(
+    tmp_path: Path,
+    mosquitto: Broker,
+    servers: list[MqttFileServer],
+) -> None:
+    """The agent's one fleet session: the fetcher registers its response subscription on
+    a session it does not own and takes it out after; the session stays up."""
+    repo = TufRepo(tmp_path / "repo")
+    model = os.urandom(300_000)
+    published = repo.publish_bundle("det", 1, model=model)
+    serve(servers, repo, mosquitto)
+    session = MqttSession(
+        "fleet", SessionOptions(host=mosquitto.host, port=mosquitto.port, client_id="shared-1")
+    )
+    directive = session.subscribe(topics.directive(DEVICE), lambda _m: None)
+    session.start()
+    try:
+        assert directive.granted.wait(10)
+        fetcher = MqttFetcher.on_session(session, device_id=DEVICE, timeout_s=3.0)
+        with fetcher:
+            device = make_device(tmp_path, repo, fetcher=fetcher, device_id=DEVICE)
+            device.client.refresh()
+            assignment = device.client.check_directive(repo.directive(published, counter=1))
+            slot = device.client.download_bundle(assignment, tmp_path / "slot-b")
+        assert load_bundle(slot).model_file("onnx").read_bytes() == model
+        assert session.connected
+        assert session.snapshot()["subscriptions"] == {topics.directive(DEVICE): True}
+        assert session.snapshot()["connects"] == 1
+    finally:
+        session.stop()
 
 
 def test_attack_17_download_resumes_after_the_broker_goes_away_mid_file(
