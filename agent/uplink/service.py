@@ -466,7 +466,8 @@ class Uplink:
     def stats(self) -> dict[str, Any]:
         """Counters: connected, connects, disconnects, sent_<kind>, acked and refused per
         kind, decisions_uploaded, decision_failures, decision_timeouts, decisions_invalid,
-        skipped_offline, ..."""
+        skipped_offline, ...; ``session``: the fleet session's state (its network thread,
+        restarts, callback errors, subscriptions)."""
         acks = self._pub.acks
         out: dict[str, Any] = self._pub.counts()
         out["connected"] = int(self.connected)
@@ -478,4 +479,5 @@ class Uplink:
         out["last_error"] = self._pub.last_error
         out["outbox"] = self.outbox.stats()
         out["outbox_in_flight"] = self._drain.in_flight()
+        out["session"] = self.session.snapshot()  # thread, restarts, callback errors ...
         return out
