@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +238,23 @@ def own_mosquitto(tmp_path: Path) -> Iterator[Broker]:
     broker = start_broker(workdir)
     yield broker
     broker.stop()
+
+
+def _utf8_safe(text: str) -> str:
+    """``text`` with what UTF-8 can't encode (a lone surrogate a hostile-input test logged)
+    written as a backslash escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Make each report's captured output encodable: make test runs the files in
+    pytest-xdist workers, which send reports to the controller as UTF-8, and the hostile
+    input tests log lone surrogates on purpose (a worker would crash sending them)."""
+    report = yield
+    report.sections = [(title, _utf8_safe(content)) for title, content in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = _utf8_safe(report.longrepr)
+    return report
