@@ -14,8 +14,7 @@ from tuf.api.metadata import Targets  # type: ignore[attr-defined, unused-ignore
 
 from agent.config import parse_config
 from agent.directives.sideload import sideload
-from agent.errors import AgentError
-from agent.kernel.errors import BundleError
+from agent.kernel.errors import BundleError, EdgefleetError
 from agent.kernel.readlimit import read_at_most
 from agent.update.directive import MAX_DIRECTIVE_BYTES, verify_directive
 from agent.update.errors import DirectiveRefused, TrustRootError
@@ -57,7 +56,7 @@ def test_a_side_loaded_directive_over_its_limit_is_refused_naming_the_file(
     (medium / "targets").mkdir()
     directive = _sparse(medium / "directives" / "dev-1.json", HUGE)
     cfg = parse_config({"agent": {"device_id": "dev-1", "state_dir": str(tmp_path / "state")}})
-    with pytest.raises(AgentError) as info:
+    with pytest.raises(EdgefleetError) as info:
         sideload(medium, cfg)
     assert str(directive) in str(info.value)
     assert f"over the limit of {MAX_DIRECTIVE_BYTES} bytes" in str(info.value)
