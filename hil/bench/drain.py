@@ -117,7 +117,7 @@ def _check(fleet_db: Path, device_log: Path, before: float) -> dict[str, int]:
             ),
             "missing": one(
                 "SELECT count(*) FROM device.decisions l WHERE l.decision_time < :t AND NOT "
-                "EXISTS (SELECT 1 FROM main.decisions f WHERE f.id = l.id)"
+                "EXISTS (SELECT 1 FROM main.decisions f WHERE f.device_id = :d AND f.id = l.id)"
             ),
             "stored_twice": one(
                 "SELECT count(*) - count(DISTINCT id) FROM main.decisions WHERE device_id = :d"
