@@ -90,7 +90,7 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/hil bench drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
 	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --json .cache/bench-review.json
-	PYTHONPATH=. $(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --postgres \
+	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --postgres \
 	  --json .cache/bench-review-pg.json
 
 # The six HIL scenarios at CI size (60 s offline and 60 s of loss instead of 10 and 5

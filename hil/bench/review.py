@@ -27,14 +27,13 @@ rows without one, as after a device's thumbnail retention.
 Example::
 
     hil bench review --decisions 1000000 --devices 1000 --json out.json
-    PYTHONPATH=. hil bench review --postgres --json out-pg.json   # a checkout's root
+    hil bench review --postgres --json out-pg.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import random
 import secrets
@@ -61,6 +60,7 @@ from fleet_server.errors import FleetError
 from fleet_server.web.console import install_review_pages
 from hil.bench.review_seed import seed
 from hil.bench.review_timing import PAGES, TARGET_P95_MS, AsgiClient, measure_all, scenarios
+from hil.pgcluster import PgCluster, start_cluster, stop_cluster
 
 IMAGES = 5000
 """The newest decisions seeded with a thumbnail (see the module docstring)."""
@@ -177,30 +177,14 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _pg_support() -> Any:
-    """The tests' PostgreSQL cluster helper (tests/support/pg.py) of a source checkout.
-
-    Raises:
-        FleetError: ``tests`` is not importable (not run from a checkout's root).
-    """
-    try:
-        return importlib.import_module("tests.support.pg")
-    except ModuleNotFoundError as exc:
-        raise FleetError(
-            "--postgres starts a cluster with tests/support/pg.py: run from the root of a "
-            "source checkout with PYTHONPATH=. (or use --db-url)"
-        ) from exc
-
-
 @contextmanager
 def _database(args: argparse.Namespace) -> Iterator[Engine]:
     workdir = Path(tempfile.mkdtemp(prefix="edgefleet-review-bench-"))
-    cluster: Any = None
+    cluster: PgCluster | None = None
     try:
         url = args.db_url
         if args.postgres:
-            pg = _pg_support()
-            cluster = pg.start_cluster(durable=True)
+            cluster = start_cluster(durable=True)
             url = cluster.create_database("bench")
         elif url is None:
             url = sqlite_url(workdir / "fleet.db")
@@ -211,7 +195,7 @@ def _database(args: argparse.Namespace) -> Iterator[Engine]:
             engine.dispose()
     finally:
         if cluster is not None:
-            _pg_support().stop_cluster(cluster)
+            stop_cluster(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -237,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument(
         "--postgres",
         action="store_true",
-        help="a throw-away PostgreSQL cluster, started as the tests do (tests/support/pg.py)",
+        help="a throw-away PostgreSQL cluster, started as the tests do (hil/pgcluster.py)",
     )
     parser.add_argument(
         "--analyze", action="store_true", help="run ANALYZE on SQLite too before timing"
