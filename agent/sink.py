@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from agent.actions.dispatcher import ActionDispatcher, ActionEvent
 from agent.decisionlog import DecisionLog
+from agent.livelatency import LatencyWindow
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision
 
@@ -34,6 +35,8 @@ class DecisionSink:
         outcome-shift gate."""
         self.first_decision_at: float | None = None
         """Monotonic time of the first decision since start (cold start figure)."""
+        self.live = LatencyWindow()
+        """Each decision's e2e ms; ``live.snapshot`` paces the uplink's drain (``load=``)."""
 
     def reset_counts(self) -> None:
         """New bundles: outcomes are counted from zero."""
@@ -44,6 +47,7 @@ class DecisionSink:
         self.outcome_counts[rec.outcome] = self.outcome_counts.get(rec.outcome, 0) + 1
         decision_id = self.log.append(rec)
         e2e_s = (time.perf_counter_ns() - d.t_capture_ns) / 1e9
+        self.live.record(e2e_s * 1000.0)
         self.dispatcher.dispatch(
             ActionEvent(
                 decision_id=decision_id,

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from agent.enrollment.identity import IDENTITY_DIR
 from agent.kernel.configbase import Section
 from agent.uplink.outbox import DEFAULT_DROP_ORDER, full_drop_order
+from agent.uplink.pacing import PacingSettings
 from agent.wire.messages import MAX_DECISION_ROWS
 
 
@@ -100,11 +101,54 @@ class UplinkConfig(Section):
     drain_window: int = Field(
         32, ge=1, le=1000, description="Most outbox records waiting for their PUBACK at once."
     )
+    drain_pacing: Literal["headroom", "fixed"] = Field(
+        "headroom",
+        description="How the drain's rate follows the line: headroom paces it by the hot "
+        "path's live e2e p99 against its idle p99 (AIMD, drain_rate_per_s its cap; the "
+        "fixed rate while no live figure is known); fixed sends at drain_rate_per_s.",
+    )
+    drain_target_p99_ratio: float = Field(
+        1.2,
+        gt=1.0,
+        le=10.0,
+        description="Headroom pacing: the live e2e p99 the drain may cause, times the idle "
+        "p99; above it the rate is cut (x0.7), at or under it the rate grows.",
+    )
+    drain_min_rate_per_s: float = Field(
+        2.0,
+        gt=0,
+        le=100_000,
+        description="Headroom pacing: the slowest the drain goes (records a second) while "
+        "the line has no headroom, so that a backlog always ends.",
+    )
+    drain_increase_per_s: float = Field(
+        5.0,
+        gt=0,
+        le=100_000,
+        description="Headroom pacing: records a second added to the rate at each update "
+        "with headroom, after the slow start (which doubles it) has ended.",
+    )
+    drain_pace_interval_s: float = Field(
+        0.5,
+        ge=0.05,
+        le=60,
+        description="Headroom pacing: seconds between two looks at the live p99.",
+    )
 
     @field_validator("drop_order")
     @classmethod
     def _drop_order(cls, value: list[str]) -> list[str]:
         return list(full_drop_order(value))
+
+    def pacing(self) -> PacingSettings:
+        """The drain's pacing settings."""
+        return PacingSettings(
+            mode=self.drain_pacing,
+            cap_per_s=self.drain_rate_per_s,
+            min_per_s=min(self.drain_min_rate_per_s, self.drain_rate_per_s),
+            target_ratio=self.drain_target_p99_ratio,
+            increase_per_s=self.drain_increase_per_s,
+        )
 
     def outbox_path(self, state_dir: Path) -> Path:
         """The outbox file, resolved against ``state_dir``."""

@@ -9,6 +9,9 @@ after a PUBACK with a success reason code (:class:`Drain`).
   harmless; a lost one is not.
 - The rate bound leaves the link to live traffic (heartbeats, the retained state, the
   directives coming down) while a long outage drains.
+- Paced by the line (``drain_pacing = "headroom"``): given the hot path's live latency
+  (``load``), the rate follows :class:`agent.uplink.pacing.Pacer` (AIMD on the live p99
+  against the idle p99), re-read every ``pace_interval_s``, ``rate_per_s`` its cap.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.kernel.errors import EdgefleetError
+from agent.livelatency import LiveLoad, LoadSource
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.outbox import Entry, Outbox
+from agent.uplink.pacing import Pacer, PacingSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +55,20 @@ class _Bucket:
         self.tokens = self.burst
         self.stamp = time.monotonic()
 
-    def take(self) -> bool:
+    def set_rate(self, rate: float, burst: float) -> None:
+        """A new rate from now on (what was earned at the old one is kept)."""
+        self._refill()
+        self.rate = rate
+        self.burst = max(1.0, burst)
+        self.tokens = min(self.tokens, self.burst)
+
+    def _refill(self) -> None:
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
+
+    def take(self) -> bool:
+        self._refill()
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True
@@ -75,6 +90,12 @@ class Drain:
         ack_timeout_s: how long a record waits for its PUBACK before it is sent again.
         on_delivered: see :data:`Delivered`.
         stop: ends :meth:`run`.
+        pacing: how the rate follows the line (default: fixed at ``rate_per_s``); its
+            ``cap_per_s`` is ``rate_per_s``.
+        load: the hot path's live latency (:meth:`agent.livelatency.LatencyWindow.snapshot`
+            or its copy from another process); None, or a source that returns None: the
+            fixed rate.
+        pace_interval_s: seconds between two pacing updates.
     """
 
     def __init__(
@@ -88,6 +109,9 @@ class Drain:
         ack_timeout_s: float,
         on_delivered: Delivered | None = None,
         stop: threading.Event,
+        pacing: PacingSettings | None = None,
+        load: LoadSource | None = None,
+        pace_interval_s: float = 0.5,
     ) -> None:
         self.outbox = outbox
         self.publisher = publisher
@@ -97,7 +121,19 @@ class Drain:
         self.on_delivered = on_delivered
         self.stop = stop
         self.wake = threading.Event()
-        self._bucket = _Bucket(rate_per_s, min(float(window), rate_per_s))
+        settings = pacing or PacingSettings(mode="fixed")
+        settings = replace(  # the cap is the operator's rate, the floor under it
+            settings, cap_per_s=rate_per_s, min_per_s=min(settings.min_per_s, rate_per_s)
+        )
+        self.pacer = Pacer(settings)
+        self.load = load
+        """Read every ``pace_interval_s`` (see Args); may be set after construction."""
+        self.pace_interval_s = pace_interval_s
+        self._pace_due = 0.0
+        self._sent_at = -1.0e9  # monotonic time of the last publish
+        self._limited = False
+        first = settings.cap_per_s if load is None else self.pacer.rate_per_s
+        self._bucket = _Bucket(first, self._burst(first))
         self._in_flight: dict[int, _InFlight] = {}
         self._retry: dict[int, float] = {}
         self._refusals: dict[int, int] = {}
@@ -134,6 +170,11 @@ class Drain:
         Raises:
             OutboxError: the outbox can't be read or written.
         """
+        self._pace()
+        wait = self._send_round()
+        return min(wait, max(0.0, self._pace_due - time.monotonic()))
+
+    def _send_round(self) -> float:
         if not self.connected.is_set():
             if self._was_connected:
                 self._reset("the connection was lost")
@@ -146,6 +187,39 @@ class Drain:
     def in_flight(self) -> int:
         """Records sent and not yet answered."""
         return len(self._in_flight)
+
+    def rate_per_s(self) -> float:
+        """The rate in force now (the paced one, or the fixed cap)."""
+        return self._bucket.rate
+
+    # -- pacing ------------------------------------------------------------------------
+
+    def _burst(self, rate: float) -> float:
+        return min(float(self.window), rate)
+
+    def _pace(self) -> None:
+        """Every ``pace_interval_s``: the live load into the pacer, its rate into the bucket."""
+        now = time.monotonic()
+        if now < self._pace_due:
+            return
+        self._pace_due = now + self.pace_interval_s
+        load = self._read_load()
+        window_s = load.window_s if load is not None else self.pace_interval_s
+        quiet = now - self._sent_at > window_s and not self._in_flight
+        rate = self.pacer.update(load, quiet=quiet, limited=self._limited)
+        self._limited = False
+        if rate != self._bucket.rate:
+            self._bucket.set_rate(rate, self._burst(rate))
+
+    def _read_load(self) -> LiveLoad | None:
+        if self.load is None:
+            return None
+        try:
+            return self.load()
+        except Exception:  # the source's bug must not stop the drain: fixed rate, counted
+            log.exception("uplink outbox: the live load source failed; fixed rate")
+            self.publisher.count("pacing_errors")
+            return None
 
     # -- internals ---------------------------------------------------------------------
 
@@ -227,6 +301,7 @@ class Drain:
             if not self._bucket.take():
                 for rest in entries[index:]:  # not sent: first in line next time
                     self._retry[rest.seq] = now
+                self._limited = True
                 return self._bucket.wait_s()
             if not self._send(entry):
                 for rest in entries[index:]:
@@ -240,9 +315,8 @@ class Drain:
         pending = self.publisher.send(entry.kind, entry.topic, entry.payload)
         if pending is None:
             return False
-        self._in_flight[entry.seq] = _InFlight(
-            entry, pending, time.monotonic() + self.ack_timeout_s
-        )
+        self._sent_at = time.monotonic()
+        self._in_flight[entry.seq] = _InFlight(entry, pending, self._sent_at + self.ack_timeout_s)
         return True
 
     def _next_deadline(self) -> float:

@@ -34,6 +34,7 @@ from agent.enrollment.identity import Identity
 from agent.errors import AgentError
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.mqtt import MqttSession
+from agent.livelatency import LiveLoad
 from agent.uplink import decisions
 from agent.uplink.acks import Pending, Publisher
 from agent.uplink.config import UplinkConfig
@@ -109,6 +110,11 @@ class Uplink:
             (:func:`agent.uplink.session.fleet_session`), shared with the directives
             service and the bundle fetcher; whoever made it starts and stops it. None:
             the uplink makes its own and starts and stops it.
+        load: the hot path's live latency, which paces the outbox's drain
+            (``[uplink] drain_pacing``): in one process the decision sink's
+            ``live.snapshot`` (:class:`agent.livelatency.LatencyWindow`), across processes
+            its copy from the control channel. None, or a source that returns None: the
+            fixed ``drain_rate_per_s``.
 
     Raises:
         IdentityError: the identity's TLS files can't be loaded.
@@ -128,6 +134,7 @@ class Uplink:
         state_dir: Path | None = None,
         on_alarm: AlarmSink | None = None,
         session: MqttSession | None = None,
+        load: Callable[[], LiveLoad | None] | None = None,
     ) -> None:
         self.device_id = device_id
         self.identity = identity
@@ -170,6 +177,9 @@ class Uplink:
             ack_timeout_s=config.ack_timeout_s,
             on_delivered=self._delivered,
             stop=self._stop,
+            pacing=config.pacing(),
+            load=load,
+            pace_interval_s=config.drain_pace_interval_s,
         )
         if decision_log is not None:
             self._batcher = decisions.Batcher(
@@ -479,5 +489,6 @@ class Uplink:
         out["last_error"] = self._pub.last_error
         out["outbox"] = self.outbox.stats()
         out["outbox_in_flight"] = self._drain.in_flight()
+        out["drain_pacing"] = self._drain.pacer.stats()  # the paced rate, live and idle p99
         out["session"] = self.session.snapshot()  # thread, restarts, callback errors ...
         return out
