@@ -130,7 +130,7 @@ class Drain:
         """Read every ``pace_interval_s`` (see Args); may be set after construction."""
         self.pace_interval_s = pace_interval_s
         self._pace_due = 0.0
-        self._sent_at = -1.0e9  # monotonic time of the last publish
+        self._busy_at = -1.0e9  # monotonic time of the last publish, or of one held back
         self._limited = False
         first = settings.cap_per_s if load is None else self.pacer.rate_per_s
         self._bucket = _Bucket(first, self._burst(first))
@@ -205,7 +205,7 @@ class Drain:
         self._pace_due = now + self.pace_interval_s
         load = self._read_load()
         window_s = load.window_s if load is not None else self.pace_interval_s
-        quiet = now - self._sent_at > window_s and not self._in_flight
+        quiet = now - self._busy_at > window_s and not self._in_flight  # nothing to send
         rate = self.pacer.update(load, quiet=quiet, limited=self._limited)
         self._limited = False
         if rate != self._bucket.rate:
@@ -302,6 +302,7 @@ class Drain:
                 for rest in entries[index:]:  # not sent: first in line next time
                     self._retry[rest.seq] = now
                 self._limited = True
+                self._busy_at = now
                 return self._bucket.wait_s()
             if not self._send(entry):
                 for rest in entries[index:]:
@@ -315,8 +316,8 @@ class Drain:
         pending = self.publisher.send(entry.kind, entry.topic, entry.payload)
         if pending is None:
             return False
-        self._sent_at = time.monotonic()
-        self._in_flight[entry.seq] = _InFlight(entry, pending, self._sent_at + self.ack_timeout_s)
+        self._busy_at = time.monotonic()
+        self._in_flight[entry.seq] = _InFlight(entry, pending, self._busy_at + self.ack_timeout_s)
         return True
 
     def _next_deadline(self) -> float:
