@@ -7,11 +7,12 @@ share counters. Names start with ``edgefleet_``; counters get ``_total`` in the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import Metric
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The media type of :meth:`AgentMetrics.render`: Prometheus text format 0.0.4."""
@@ -53,6 +54,20 @@ class AgentMetrics:
             "edgefleet_camera_fps", "Measured frames per second of a camera.", ["camera"],
             registry=r,
         )  # fmt: skip
+        self.camera_drop_ratio = Gauge(
+            "edgefleet_camera_drop_ratio",
+            "Of a camera's last 32 frames, the fraction replaced before its pipeline took "
+            "them (above 0: the pipeline can't keep up).",
+            ["camera"],
+            registry=r,
+        )
+        self.camera_starved = Gauge(
+            "edgefleet_camera_starved",
+            "1 while a camera delivers frames but its pipeline took none for a second (or "
+            "ten frame periods): the camera is not served; else 0.",
+            ["camera"],
+            registry=r,
+        )
         # pipelines
         self.stage_latency = Histogram(
             "edgefleet_stage_latency_seconds",
@@ -234,3 +249,32 @@ class AgentMetrics:
     def render(self) -> bytes:
         """Every metric in Prometheus text format (:data:`CONTENT_TYPE`)."""
         return generate_latest(self.registry)
+
+    def companion_families(self) -> frozenset[str]:
+        """The families the companion process keeps (the uplink's, the outbox's and the
+        alarms it reports); every other family is the hot path's."""
+        owned = (
+            self.uplink_connected,
+            self.outbox_pending,
+            self.outbox_bytes,
+            self.outbox_dropped,
+            self.outbox_delivered,
+            self.alarms,
+        )
+        return frozenset(m._name for m in owned)
+
+    def render_part(self, part: Literal["hotpath", "companion"]) -> bytes:
+        """The families one process keeps, in Prometheus text format: with the agent in
+        two processes, each registry holds every family but only its own are counted,
+        and ``/metrics`` joins the two parts."""
+        mine = self.companion_families()
+        keep_companion = part == "companion"
+        registry = self.registry
+
+        class _Part:
+            def collect(self) -> Iterator[Metric]:
+                for family in registry.collect():
+                    if (family.name in mine) == keep_companion:
+                        yield family
+
+        return generate_latest(_Part())  # type: ignore[arg-type,unused-ignore] # any collector

@@ -25,11 +25,11 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 1.0
 
 
-def liveness(
-    pipelines: Pipelines, decision_log: DecisionLog, upstream: Upstream, *, configured: bool
+def hotpath_liveness(
+    pipelines: Pipelines, decision_log: DecisionLog, *, configured: bool
 ) -> tuple[bool, dict[str, Any]]:
-    """Alive: the pool has workers and the decision log writer runs (with no pipeline
-    configured, alive anyway)."""
+    """The hot path is alive: the pool has workers and the decision log writer runs (with
+    no pipeline configured, alive anyway)."""
     pool = pipelines.pool
     pool_ok = pool is not None and pool.degraded is None
     details: dict[str, Any] = {
@@ -38,6 +38,12 @@ def liveness(
         "problems": problem_lines(pipelines.problems),
         "sensors": {n: sensor_health(s) for n, s in pipelines.sensors.items()},
     }
+    return (pool_ok or not configured), details
+
+
+def upstream_health(upstream: Upstream) -> dict[str, Any]:
+    """The companion's part of /healthz: the last install, the uplink and its outbox."""
+    details: dict[str, Any] = {}
     if upstream.updates is not None:
         reports = upstream.updates.reports
         last = reports[-1] if reports else None
@@ -53,7 +59,7 @@ def liveness(
             "dropped": box["dropped"],
             "dropping": box["dropping"],
         }
-    return (pool_ok or not configured), details
+    return details
 
 
 def readiness(pipelines: Pipelines) -> tuple[bool, dict[str, Any]]:
@@ -87,10 +93,11 @@ def agent_stats(
     }
 
 
-def update_gauges(
-    metrics: AgentMetrics, pipelines: Pipelines, decision_log: DecisionLog, upstream: Upstream
+def update_hotpath_gauges(
+    metrics: AgentMetrics, pipelines: Pipelines, decision_log: DecisionLog
 ) -> None:
-    """Set the metrics that are read from the parts rather than counted as things happen."""
+    """Set the hot path's metrics that are read from its parts rather than counted as
+    things happen."""
     m = metrics
     for name, cam in pipelines.cameras.items():
         s = cam.stats()
@@ -102,12 +109,16 @@ def update_gauges(
     for name, sensor in pipelines.sensors.items():
         m.update_sensor(name, sensor.stats())
     m.update_decision_log(decision_log.stats())
-    if upstream.uplink is not None:
-        m.update_uplink(upstream.uplink.stats())
     pool = pipelines.pool
     if pool is not None:
         for info in pool.models:
             m.queue_depth.labels(queue=info.name).set(pool.queued(info.name))
+
+
+def update_upstream_gauges(metrics: AgentMetrics, upstream: Upstream) -> None:
+    """Set the companion's metrics read from the uplink."""
+    if upstream.uplink is not None:
+        metrics.update_uplink(upstream.uplink.stats())
 
 
 class GaugeThread:
