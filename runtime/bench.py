@@ -97,13 +97,16 @@ def measure_bare(
     backend: str | None = None,
     threads: int = 1,
     providers: tuple[str, ...] = (),
+    delegates: tuple[str, ...] = (),
     duration_s: float = 3.0,
     max_runs: int = 200_000,
     warmup: int = 20,
     progress: bool = True,
 ) -> LoadResult:
     """Run one session in a tight loop on ``inputs``: latency and throughput."""
-    model = open_model(path, BackendOptions(threads=threads, providers=providers), backend)
+    model = open_model(
+        path, BackendOptions(threads=threads, providers=providers, delegates=delegates), backend
+    )
     try:
         model.prepare({s.name: a.shape for s, a in zip(model.inputs, inputs, strict=True)})
         for _ in range(warmup):

@@ -81,6 +81,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             backend=info.backend,
             threads=config.threads_per_worker,
             providers=config.providers,
+            delegates=config.delegates,
             duration_s=min(args.duration, 5.0),
             progress=progress,
         )
@@ -162,6 +163,12 @@ def format_bench(r: dict[str, Any]) -> str:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     shapes = _input_shapes(args.model, args.input_shape)
+    overrides: dict[str, object] = {}
+    if args.spin_us is not None:
+        overrides["spin_us"] = args.spin_us
+    if args.pipelining is not None:
+        overrides["pipelining"] = args.pipelining == "on"
+    config = PoolConfig.from_profile(load_profile(args.profile), **overrides)
     report = run_targets(
         args.model,
         shapes,
@@ -170,6 +177,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
         queue_bound=args.queue_bound,
         progress=not args.quiet,
         on_round=lambda i, _fig: print(f"round {i + 1}/{args.rounds} done", file=sys.stderr),
+        config=config,
     )
     print(format_targets(report))
     if args.json:
@@ -284,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--duration", type=float, default=3.0, help="seconds per phase (default 3)")
     t.add_argument("--queue-bound", type=int, default=4, help="queue bound B (default 4)")
     t.add_argument("--json", metavar="PATH", help="write every round and the medians as JSON")
+    t.add_argument(
+        "--profile", default="auto", help="firmware profile for pipelining and spin (auto)"
+    )
+    t.add_argument("--spin-us", type=int, help="override the profile's worker spin (µs)")
+    t.add_argument("--pipelining", choices=("on", "off"), help="override the profile's")
     t.add_argument("--strict", action="store_true", help="exit 3 if a target is missed")
     t.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     t.set_defaults(func=cmd_targets)

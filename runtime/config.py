@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from runtime.preprocess import PreprocessSpec
 
 if TYPE_CHECKING:
     from runtime.profiles import Profile
+
+ExecutionMode = Literal["pool", "inline"]
+EXECUTION_MODES: tuple[ExecutionMode, ...] = ("pool", "inline")
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,19 @@ class PoolConfig:
         cores: cores to pin workers to, worker i on ``cores[i % len(cores)]``;
             ``None``: the cores this process may run on.
         pin: pin workers at all (off only for experiments).
+        execution_mode: ``"pool"``: worker processes behind shared-memory slots (a
+            crash costs a worker, not the caller); ``"inline"``: the thread that submits
+            runs the session itself, pinned to a core of its own (no process hop; for
+            one camera per core). ADR 0007 has the measurements behind each default.
+        pipelining: keep one request queued ahead at each busy worker, so a loaded
+            worker starts its next request without waiting a round trip.
+        spin_us: how long a worker spins (yielding its core) for its next request
+            before it blocks on its pipe; 0: block at once. Bounded spin keeps an idle
+            worker's core awake, so the next request does not pay a sleeping core's
+            wake-up.
         threads_per_worker: intra-op threads of each session.
-        providers: execution providers / delegates in order of preference.
+        providers: ONNX Runtime execution providers in order of preference.
+        delegates: LiteRT delegates in order of preference (gpu, xnnpack, edgetpu).
         spin_wait: let idle intra-op threads spin (off unless measured to help).
         heartbeat_timeout_s: a worker silent this long is killed and replaced.
         restart_budget: at most this many restarts within ``restart_window_s``; past
@@ -80,8 +94,12 @@ class PoolConfig:
     workers: int = 1
     cores: tuple[int, ...] | None = None
     pin: bool = True
+    execution_mode: ExecutionMode = "pool"
+    pipelining: bool = True
+    spin_us: int = 0
     threads_per_worker: int = 1
     providers: tuple[str, ...] = ()
+    delegates: tuple[str, ...] = ()
     spin_wait: bool = False
     heartbeat_timeout_s: float = 1.0
     restart_budget: int = 5
@@ -90,6 +108,15 @@ class PoolConfig:
     extra_slots: int | None = None
     worker_nice: int = 5
     io_thread_rt_priority: int = 1
+
+    def __post_init__(self) -> None:
+        if self.execution_mode not in EXECUTION_MODES:
+            raise ValueError(
+                f"execution_mode must be one of {', '.join(EXECUTION_MODES)}, "
+                f"got {self.execution_mode!r}"
+            )
+        if self.spin_us < 0:
+            raise ValueError(f"spin_us must be >= 0, got {self.spin_us}")
 
     def worker_cores(self) -> list[int | None]:
         """The core each worker is pinned to (``None``: not pinned)."""
@@ -107,6 +134,10 @@ class PoolConfig:
             "cores": tuple(cores),
             "threads_per_worker": profile.threads_per_worker,
             "providers": tuple(profile.execution_providers),
+            "delegates": tuple(profile.tflite_delegates),
+            "execution_mode": profile.execution_mode,
+            "pipelining": profile.pipelining,
+            "spin_us": profile.handoff_spin_us,
             "spin_wait": profile.spin_wait,
             "heartbeat_timeout_s": profile.heartbeat_timeout_s,
         }

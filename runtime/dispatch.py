@@ -7,6 +7,11 @@ requests (outside the lock: a callback may submit more work). It also sweeps: wo
 heartbeats and restarts (through the :class:`runtime.supervisor.Supervisor`) and queued
 requests past their deadline.
 
+With pipelining, a busy worker also gets the next batch queued ahead in its pipe, so
+it starts it the moment it answers the one before, without waiting for the I/O thread
+to read the answer and send more. Idle workers are always served first, and a batch
+queued ahead counts against its model's queue bound like a queued one.
+
 The scheduling rules live in :mod:`runtime.scheduler` (pure); this module is the shell.
 :class:`Dispatcher` is the :class:`runtime.request.SlotPool` that requests talk to.
 """
@@ -54,6 +59,7 @@ class Dispatcher:
         metrics: Sequence[ModelMetrics],
         supervisor: Supervisor,
         io_thread_rt_priority: int = 0,
+        pipelining: bool = False,
     ) -> None:
         self._names = list(names)
         self._batching = [p.max_batch > 1 for p in policies]
@@ -61,6 +67,7 @@ class Dispatcher:
         self._metrics = metrics
         self._supervisor = supervisor
         self._rt_priority = io_thread_rt_priority
+        self._depth = 2 if pipelining else 1
         self.lock = threading.Lock()
         self._scheduler = Scheduler(policies)
         self._views: list[SlotViews] = []
@@ -101,19 +108,24 @@ class Dispatcher:
                 raise PoolClosed()
             if self._supervisor.all_dead():
                 raise PoolClosed(f"no worker left: {self._supervisor.degraded}")
-            if not self._free[model] or not self._scheduler.reserve(model):
+            ahead = self._ahead(model) if self._depth > 1 else 0
+            if not self._free[model] or not self._scheduler.reserve(model, ahead):
                 self._metrics[model].count("refused")
                 raise Overloaded(self._names[model], self._bounds[model])
             return self._free[model].pop()
 
+    def _ahead(self, model: int) -> int:
+        """Requests of ``model`` queued ahead at busy workers (lock held)."""
+        n = 0
+        for w in self._supervisor.workers:
+            if len(w.inflight) > 1:
+                n += sum(len(b) for b in list(w.inflight)[1:] if b[0].model == model)
+        return n
+
     def enqueue(self, request: Request) -> None:
-        ticket = Ticket(
-            request.model,
-            request.priority,
-            time.perf_counter_ns(),
-            request.deadline_ns,
-            request,
-        )
+        now = time.perf_counter_ns()
+        request.t_enqueue_ns = now
+        ticket = Ticket(request.model, request.priority, now, request.deadline_ns, request)
         finished: Finished = []
         with self.lock:
             if self.closed:
@@ -135,8 +147,13 @@ class Dispatcher:
     def release(self, request: Request) -> None:
         if request.error is None and request.t_complete_ns:
             now = time.perf_counter_ns()
+            handed = request.t_handed_ns or now
             self._metrics[request.model].record_many(
-                [("postprocess", now - request.t_complete_ns), ("total", now - request.t0_ns)]
+                [
+                    ("handback", handed - request.t_complete_ns),
+                    ("postprocess", now - handed),
+                    ("total", now - request.t0_ns),
+                ]
             )
         with self.lock:
             self._free[request.model].append(request.slot)
@@ -153,21 +170,45 @@ class Dispatcher:
             return self._scheduler.queued(model)
 
     # -- moving slot ids ---------------------------------------------------------------
-    def _dispatch(self, now: int, finished: Finished) -> None:
-        """Give queued work to idle workers. Called with the lock held."""
+    def _next_worker(self) -> Worker | None:
+        """An idle worker, else (pipelining) a busy one with nothing queued ahead: the
+        one whose running batch was sent first, as it should finish first."""
         idle = self._supervisor.idle
-        while idle:
+        if idle:
+            return idle[-1]
+        if self._depth == 1:
+            return None
+        best: Worker | None = None
+        for w in self._supervisor.workers:
+            if w.state is not WorkerState.BUSY or len(w.inflight) >= self._depth:
+                continue
+            if best is None or w.inflight[0][0].t_dispatch_ns < best.inflight[0][0].t_dispatch_ns:
+                best = w
+        return best
+
+    def _dispatch(self, now: int, finished: Finished) -> None:
+        """Give queued work to idle workers, then (pipelining) queue one batch ahead at
+        each busy worker. Called with the lock held."""
+        idle = self._supervisor.idle
+        while True:
+            worker = self._next_worker()
+            if worker is None:
+                return
             batch, expired = self._scheduler.next_batch(now)
-            finished.extend((t.payload, self._expired_error(t, now)) for t in expired)
+            if expired:
+                finished.extend((t.payload, self._expired_error(t, now)) for t in expired)
             if not batch:
                 return
             reqs: list[Request] = [t.payload for t in batch]
             msg = protocol.pack_run(
-                batch[0].model, [protocol.SlotRef(r.slot, r.frame_shape) for r in reqs]
+                batch[0].model,
+                [protocol.SlotRef(r.slot, r.frame_shape, r.deadline_ns or 0) for r in reqs],
             )
-            worker = idle.pop()  # only once the message is built: nothing can lose it
+            # only once the message is built: nothing can lose it
+            if worker.state is WorkerState.IDLE:
+                idle.pop()
             worker.state = WorkerState.BUSY
-            worker.inflight = reqs
+            worker.inflight.append(reqs)
             sent_ns = time.perf_counter_ns()
             for r in reqs:
                 r.t_dispatch_ns = sent_ns
@@ -269,17 +310,27 @@ class Dispatcher:
         if resp.status == protocol.ST_LOAD_FAILED:
             self._supervisor.on_load_failed(w, resp.text)
             return
-        reqs, w.inflight = w.inflight, []
-        self._supervisor.make_idle(w)
-        if not reqs:
+        if not w.inflight:
+            self._supervisor.make_idle(w)
             return
+        reqs = w.inflight.popleft()
+        if not w.inflight:
+            self._supervisor.make_idle(w)
         metrics = self._metrics[reqs[0].model]
         if resp.status == protocol.ST_OK:
-            for r in reqs:
+            done = 0
+            for i, r in enumerate(reqs):
+                if resp.expired >> i & 1:
+                    late = (resp.t_start_ns - (r.deadline_ns or resp.t_start_ns)) / 1e6
+                    metrics.count("expired")
+                    finished.append((r, DeadlineExceeded(self._names[r.model], late)))
+                    continue
+                done += 1
                 r.t_complete_ns = now
                 metrics.record_many(
                     [
-                        ("queue_wait", r.t_dispatch_ns - r.t_submit_ns),
+                        ("submit", r.t_enqueue_ns - r.t_submit_ns),
+                        ("queue_wait", r.t_dispatch_ns - r.t_enqueue_ns),
                         ("to_worker", resp.t_start_ns - r.t_dispatch_ns),
                         ("preprocess", resp.t_pre_ns - resp.t_start_ns),
                         ("inference", resp.t_done_ns - resp.t_pre_ns),
@@ -287,7 +338,7 @@ class Dispatcher:
                     ]
                 )
                 finished.append((r, None))
-            metrics.count("completed", len(reqs))
+            metrics.count("completed", done)
         else:
             err = InferenceFailed(self._names[reqs[0].model], resp.text)
             finished.extend((r, err) for r in reqs)

@@ -26,6 +26,7 @@ from runtime.backends.base import Array
 from runtime.config import ModelConfig, PoolConfig
 from runtime.dispatch import Dispatcher
 from runtime.errors import EdgeRuntimeError, InputDtypeError, InputShapeError, InputTooLarge
+from runtime.inline import InlineLanes
 from runtime.metrics import ModelMetrics
 from runtime.probe import ModelInfo, probe_model
 from runtime.request import Request, Reservation
@@ -57,16 +58,30 @@ class WorkerPool:
         options = BackendOptions(
             threads=self.config.threads_per_worker,
             providers=self.config.providers,
+            delegates=self.config.delegates,
             spin_wait=self.config.spin_wait,
         )
         # Probe every model here, before any worker exists: a bad file fails now,
         # naming the file, and the probe tells us the tensor shapes to allocate.
-        self.models: list[ModelInfo] = [probe_model(m, options.providers) for m in self._configs]
+        self.models: list[ModelInfo] = [
+            probe_model(m, options.providers, options.delegates) for m in self._configs
+        ]
         self._index = {m.name: i for i, m in enumerate(self.models)}
         self.metrics = {m.name: ModelMetrics() for m in self.models}
         self._metrics_list = [self.metrics[m.name] for m in self.models]
-        self._supervisor = Supervisor(self.config, options, self._metrics_list)
-        self._dispatcher = Dispatcher(
+        self._inline: InlineLanes | None = None
+        if self.config.execution_mode == "inline":
+            self._inline = InlineLanes(
+                [m.name for m in self.models],
+                [c.queue_bound for c in self._configs],
+                self._metrics_list,
+                self.config,
+                options,
+            )
+        self._supervisor: Supervisor | InlineLanes = self._inline or Supervisor(
+            self.config, options, self._metrics_list
+        )
+        self._dispatcher: Dispatcher | InlineLanes = self._inline or Dispatcher(
             [m.name for m in self.models],
             [
                 QueuePolicy(
@@ -77,8 +92,9 @@ class WorkerPool:
                 for c in self._configs
             ],
             self._metrics_list,
-            self._supervisor,
+            self._supervisor,  # type: ignore[arg-type]  # a Supervisor in pool mode
             self.config.io_thread_rt_priority,
+            pipelining=self.config.pipelining,
         )
         self._segments: list[Segment] = []
         self._started = False
@@ -102,7 +118,9 @@ class WorkerPool:
         worker_models: list[WorkerModel] = []
         for i, (cfg, info) in enumerate(zip(self._configs, self.models, strict=True)):
             extra = self.config.extra_slots if self.config.extra_slots is not None else n_workers
-            n_slots = cfg.queue_bound + n_workers * cfg.batching.max_batch + extra
+            # queued + running (+ one batch queued ahead per worker) + held by callers
+            depth = 2 if self.config.pipelining and self._inline is None else 1
+            n_slots = cfg.queue_bound + depth * n_workers * cfg.batching.max_batch + extra
             frame_bytes = cfg.max_frame_bytes if cfg.preprocess is not None else 0
             layout = SlotLayout.build(
                 n_slots,
@@ -293,11 +311,22 @@ class WorkerPool:
         for m in self._metrics_list:
             m.reset()
 
+    @property
+    def execution_mode(self) -> str:
+        """``"pool"`` (worker processes) or ``"inline"`` (sessions on the callers'
+        threads)."""
+        return self.config.execution_mode
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the workers, fail whatever is queued or in flight, free the memory."""
-        if not self._dispatcher.close(timeout_s):
-            return
-        self._supervisor.close()
+        if isinstance(self._dispatcher, InlineLanes):
+            if not self._dispatcher.close_lanes(timeout_s):
+                return
+        else:
+            if not self._dispatcher.close(timeout_s):
+                return
+            assert isinstance(self._supervisor, Supervisor)  # noqa: S101 - pool mode
+            self._supervisor.close()
         for seg in self._segments:
             seg.close()
         self._segments.clear()

@@ -29,7 +29,9 @@ class ModelInfo:
     providers: tuple[str, ...]
 
 
-def probe_model(cfg: ModelConfig, providers: tuple[str, ...]) -> ModelInfo:
+def probe_model(
+    cfg: ModelConfig, providers: tuple[str, ...], delegates: tuple[str, ...] = ()
+) -> ModelInfo:
     """Open ``cfg``'s file with one thread, fix its input shapes, and try its batch size.
 
     Raises:
@@ -40,7 +42,9 @@ def probe_model(cfg: ModelConfig, providers: tuple[str, ...]) -> ModelInfo:
         ValueError: ``max_batch`` is more than the protocol carries.
     """
     key = cfg.backend or detect_backend(cfg.path)
-    backend = open_model(cfg.path, BackendOptions(threads=1, providers=providers), key)
+    backend = open_model(
+        cfg.path, BackendOptions(threads=1, providers=providers, delegates=delegates), key
+    )
     try:
         shapes: dict[str, tuple[int, ...]] = {}
         for spec in backend.inputs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -53,8 +54,10 @@ class Request:
     """One submitted request. Wait for it, read its outputs, then release it.
 
     ``outputs`` are views into the request's shared-memory slot, valid until
-    :meth:`release` (or the end of a ``with`` block). The time between completion and
-    release is recorded as the postprocess stage.
+    :meth:`release` (or the end of a ``with`` block). The time from the pool reading
+    the worker's answer until the caller has it (its :meth:`wait` returns, or its
+    callback starts) is recorded as the handback stage, from then until release as the
+    postprocess stage.
     """
 
     __slots__ = (
@@ -72,6 +75,8 @@ class Request:
         "t0_ns",
         "t_complete_ns",
         "t_dispatch_ns",
+        "t_enqueue_ns",
+        "t_handed_ns",
         "t_submit_ns",
     )
 
@@ -91,7 +96,9 @@ class Request:
         self.priority = priority
         self.t0_ns = t0_ns
         self.t_submit_ns = 0
+        self.t_enqueue_ns = 0
         self.t_dispatch_ns = 0
+        self.t_handed_ns = 0
         self.t_complete_ns = 0
         self.deadline_ns = deadline_ns
         self.frame_shape: tuple[int, int, int] | None = None
@@ -120,6 +127,8 @@ class Request:
         if not self._done.wait(timeout_s):
             self._pool.abandon(self)
             raise RequestTimeout(self._pool.model_name(self.model), timeout_s or 0.0)
+        if not self.t_handed_ns:
+            self.t_handed_ns = time.perf_counter_ns()
         if self._error is not None:
             raise self._error
         return self
@@ -153,6 +162,7 @@ class Request:
         self._error = error
         self._done.set()
         if self._callback is not None:
+            self.t_handed_ns = time.perf_counter_ns()
             try:
                 self._callback(self)
             except Exception:

@@ -71,10 +71,14 @@ class Scheduler:
         self._models = [_ModelQueue(p, tuple(deque() for _ in Priority)) for p in policies]
 
     # -- admission ---------------------------------------------------------------
-    def reserve(self, model: int) -> bool:
-        """Hold a queue place while the caller fills its slot. False: queue full."""
+    def reserve(self, model: int, ahead: int = 0) -> bool:
+        """Hold a queue place while the caller fills its slot. False: queue full.
+
+        ``ahead``: requests of the model already sent to busy workers but not started
+        (pipelining); they wait like queued ones, so they count against the bound.
+        """
         mq = self._models[model]
-        if len(mq) + mq.reserved >= mq.policy.queue_bound:
+        if len(mq) + mq.reserved + ahead >= mq.policy.queue_bound:
             return False
         mq.reserved += 1
         return True

@@ -63,7 +63,9 @@ class Worker:
     resp_fd: int = -1
     sentinel: int = -1
     state: WorkerState = WorkerState.DEAD
-    inflight: list[Request] = field(default_factory=list)
+    inflight: deque[list[Request]] = field(default_factory=deque)
+    """Batches sent and not answered, oldest first: the one running, then (with
+    pipelining) the one queued ahead in the worker's pipe."""
     started_ns: int = 0
     kill_reason: str = ""
     restarts: int = 0
@@ -126,6 +128,7 @@ class Supervisor:
             control_size=self._control.size,
             heartbeat_interval_s=min(0.2, self.config.heartbeat_timeout_s / 4),
             nice=self.config.worker_nice,
+            spin_ns=self.config.spin_us * 1000,
         )
         req_r, req_w = self._ctx.Pipe(duplex=False)
         resp_r, resp_w = self._ctx.Pipe(duplex=False)
@@ -192,10 +195,11 @@ class Supervisor:
         was_starting = w.state is WorkerState.STARTING
         w.state = WorkerState.DEAD
         if w.inflight:
-            self._metrics[w.inflight[0].model].count("crashed", len(w.inflight))
             err = WorkerCrashed(w.index, reason)
-            finished.extend((r, err) for r in w.inflight)
-            w.inflight = []
+            for batch in w.inflight:
+                self._metrics[batch[0].model].count("crashed", len(batch))
+                finished.extend((r, err) for r in batch)
+            w.inflight.clear()
         if self.stopping:
             return
         log.warning("worker %d (pid %s) lost: %s", w.index, proc.pid, reason)
@@ -300,9 +304,9 @@ class Supervisor:
                 if w.process.is_alive():
                     w.process.kill()
                     w.process.join(1.0)
-            if w.inflight:
-                finished.extend((r, PoolClosed()) for r in w.inflight)
-                w.inflight = []
+            for batch in w.inflight:
+                finished.extend((r, PoolClosed()) for r in batch)
+            w.inflight.clear()
             w.state = WorkerState.DEAD
             self.close_fds(w)
         self.idle.clear()

@@ -1,7 +1,14 @@
 """The messages on the pipes between the pool and its workers.
 
-Only slot indexes and timings cross the process boundary; tensors stay in shared
-memory. Each message is one ``os.write`` well under ``PIPE_BUF``, so it arrives whole.
+Only slot indexes, deadlines and timings cross the process boundary; tensors stay in
+shared memory. Each message is one ``os.write`` well under ``PIPE_BUF``, so it arrives
+whole.
+
+Each slot carries its request's deadline (``perf_counter_ns`` clock, shared by every
+process on the machine; 0: none), because with pipelining a request may wait in a
+worker's pipe, where the pool's queue can no longer expire it: the worker drops a slot
+past its deadline without running it and says so in the response's ``expired`` mask
+(one bit per slot position, the first 64 positions).
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ ST_LOAD_FAILED = 3
 
 # request: op, model index, slot count, flags
 _REQ_HEAD = struct.Struct("<BHHB")
-# per slot: slot index, frame height, width, channels (0,0,0 = tensor already in place)
-_REQ_SLOT = struct.Struct("<IHHH")
-# response: status, message length, preprocess start, preprocess end, inference end
-_RESP = struct.Struct("<BHqqq")
+# per slot: slot index, frame height, width, channels (0,0,0 = tensor already in place),
+# deadline (0 = none)
+_REQ_SLOT = struct.Struct("<IHHHq")
+# response: status, message length, preprocess start, preprocess end, inference end,
+# expired mask
+_RESP = struct.Struct("<BHqqqQ")
+MASK_BITS = 64
 
 MAX_MESSAGE_TEXT = 2048
 MAX_FRAME_SIDE = 0xFFFF  # a frame's height, width and channels each travel as uint16
@@ -34,13 +44,14 @@ MAX_BATCH = (4000 - _REQ_HEAD.size) // _REQ_SLOT.size
 class SlotRef:
     slot: int
     frame_shape: tuple[int, int, int] | None
+    deadline_ns: int = 0
 
 
 def pack_run(model: int, slots: list[SlotRef]) -> bytes:
     parts = [_REQ_HEAD.pack(OP_RUN, model, len(slots), 0)]
     for ref in slots:
         h, w, c = ref.frame_shape or (0, 0, 0)
-        parts.append(_REQ_SLOT.pack(ref.slot, h, w, c))
+        parts.append(_REQ_SLOT.pack(ref.slot, h, w, c, ref.deadline_ns))
     return b"".join(parts)
 
 
@@ -54,8 +65,8 @@ def read_request(fd: int) -> tuple[int, int, list[SlotRef]]:
     raw = _read_exact(fd, count * _REQ_SLOT.size) if count else b""
     slots = []
     for i in range(count):
-        slot, h, w, c = _REQ_SLOT.unpack_from(raw, i * _REQ_SLOT.size)
-        slots.append(SlotRef(slot, (h, w, c) if h else None))
+        slot, h, w, c, deadline = _REQ_SLOT.unpack_from(raw, i * _REQ_SLOT.size)
+        slots.append(SlotRef(slot, (h, w, c) if h else None, deadline))
     return op, model, slots
 
 
@@ -66,18 +77,21 @@ class Response:
     t_pre_ns: int
     t_done_ns: int
     text: str
+    expired: int = 0
 
 
-def pack_response(status: int, t_start: int, t_pre: int, t_done: int, text: str = "") -> bytes:
+def pack_response(
+    status: int, t_start: int, t_pre: int, t_done: int, text: str = "", expired: int = 0
+) -> bytes:
     data = text.encode("utf-8", "replace")[:MAX_MESSAGE_TEXT]
-    return _RESP.pack(status, len(data), t_start, t_pre, t_done) + data
+    return _RESP.pack(status, len(data), t_start, t_pre, t_done, expired) + data
 
 
 def read_response(fd: int) -> Response:
     """Read one response. Raises EOFError when the worker's end is closed (it died)."""
-    status, length, t0, t1, t2 = _RESP.unpack(_read_exact(fd, _RESP.size))
+    status, length, t0, t1, t2, expired = _RESP.unpack(_read_exact(fd, _RESP.size))
     text = _read_exact(fd, length).decode("utf-8", "replace") if length else ""
-    return Response(status, t0, t1, t2, text)
+    return Response(status, t0, t1, t2, text, expired)
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -7,6 +7,12 @@ pool's process. It reports READY (or LOAD_FAILED with the reason) once every mod
 loaded and warmed up, beats a heartbeat into shared memory at least every
 ``heartbeat_interval_s`` while idle and before each request, and logs through a queue
 to the parent.
+
+Between requests the worker may spin for ``spin_ns`` (polling its pipe without
+blocking and yielding its core between polls) before it blocks: a core that never went
+to sleep starts the next request without a sleeping core's wake-up, and the yield lets
+any other thread that wants the core have it at once. With pipelining the pool has
+usually queued the next request already, and the worker reads it without waiting.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class WorkerSpec:
     control_size: int
     heartbeat_interval_s: float
     nice: int = 0
+    spin_ns: int = 0
 
 
 class _Model:
@@ -93,6 +100,15 @@ class _Model:
                 self.batches[n] = (variant, binding)
         self.backend.warm_up()
 
+    def close(self) -> None:
+        """Close the sessions and unmap the slots (inline mode; a worker just exits)."""
+        self.bindings.clear()
+        for variant, _binding in self.batches.values():
+            variant.close()
+        self.batches.clear()
+        self.backend.close()
+        self.segment.close()
+
     def run(self, slots: list[protocol.SlotRef]) -> tuple[int, int]:
         """Run one request (or batch). Returns (preprocess done, inference done) times."""
         if self.pre is not None:
@@ -129,6 +145,20 @@ def _name_process(index: int) -> None:
         f.write(f"edgefleet-w{index}")
 
 
+def _wait_for_request(poller: select.poll, spin_ns: int, timeout_ms: int) -> bool:
+    """Wait until the request pipe is readable: spin up to ``spin_ns`` (polling without
+    blocking, yielding the core between polls), then block up to ``timeout_ms``."""
+    if poller.poll(0):
+        return True
+    if spin_ns > 0:
+        end = time.perf_counter_ns() + spin_ns
+        while time.perf_counter_ns() < end:
+            os.sched_yield()
+            if poller.poll(0):
+                return True
+    return bool(poller.poll(timeout_ms))
+
+
 def worker_main(spec: WorkerSpec, req_fd: int, resp_fd: int, log_queue: Any) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool decides when workers stop
@@ -159,7 +189,7 @@ def worker_main(spec: WorkerSpec, req_fd: int, resp_fd: int, log_queue: Any) -> 
     timeout_ms = int(spec.heartbeat_interval_s * 1000)
     while True:
         heartbeat[hb_index] = time.monotonic_ns()
-        if not poller.poll(timeout_ms):
+        if not _wait_for_request(poller, spec.spin_ns, timeout_ms):
             continue
         try:
             op, model_index, slots = protocol.read_request(req_fd)
@@ -169,8 +199,16 @@ def worker_main(spec: WorkerSpec, req_fd: int, resp_fd: int, log_queue: Any) -> 
             return
         heartbeat[hb_index] = time.monotonic_ns()
         t_start = time.perf_counter_ns()
+        expired = 0
+        live = slots
+        if any(ref.deadline_ns for ref in slots):
+            for i, ref in enumerate(slots[: protocol.MASK_BITS]):
+                if ref.deadline_ns and ref.deadline_ns <= t_start:
+                    expired |= 1 << i
+            if expired:
+                live = [r for i, r in enumerate(slots) if not expired >> i & 1]
         try:
-            t_pre, t_done = models[model_index].run(slots)
+            t_pre, t_done = models[model_index].run(live) if live else (t_start, t_start)
         except Exception as exc:  # reported to the caller as InferenceFailed
             log.debug("inference failed", exc_info=True)
             now = time.perf_counter_ns()
@@ -178,5 +216,5 @@ def worker_main(spec: WorkerSpec, req_fd: int, resp_fd: int, log_queue: Any) -> 
                 protocol.ST_FAILED, t_start, now, now, f"{type(exc).__name__}: {exc}"
             )
         else:
-            msg = protocol.pack_response(protocol.ST_OK, t_start, t_pre, t_done)
+            msg = protocol.pack_response(protocol.ST_OK, t_start, t_pre, t_done, "", expired)
         protocol.write_all(resp_fd, msg)

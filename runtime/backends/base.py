@@ -51,13 +51,18 @@ class BackendOptions:
 
     Attributes:
         threads: intra-op threads for the session (the profile's threads per worker).
-        providers: execution providers / delegates in order of preference; ones not
-            available on this device are skipped with a logged warning.
+        providers: ONNX Runtime execution providers in order of preference; ones not
+            available on this device are skipped with a logged warning. LiteRT
+            ignores them.
+        delegates: LiteRT delegates in order of preference ("gpu", "xnnpack",
+            "edgetpu"); ONNX Runtime ignores them. Each backend gets its own list, so a
+            profile's ONNX providers never reach LiteRT as unknown delegates.
         spin_wait: let idle intra-op threads spin (off unless measured to help).
     """
 
     threads: int = 1
     providers: tuple[str, ...] = ()
+    delegates: tuple[str, ...] = ()
     spin_wait: bool = False
 
 

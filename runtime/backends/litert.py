@@ -154,7 +154,7 @@ class LiteRTBackend(Backend):
 
     def __init__(self, path: str, options: BackendOptions) -> None:
         super().__init__(path, options)
-        delegates, self._delegate_names = _load_delegates(options.providers)
+        delegates, self._delegate_names = _load_delegates(options.delegates)
         try:
             self._interp = _open(path, options.threads, delegates)
         except ModelLoadError as exc:

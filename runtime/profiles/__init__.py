@@ -23,11 +23,12 @@ The schema is in :mod:`runtime.profiles.schema`, reading files in
 
 from runtime.profiles.detect import ENV_VAR, load_profile
 from runtime.profiles.files import list_profiles
-from runtime.profiles.schema import MatchRule, Profile
+from runtime.profiles.schema import MatchRule, ProcessesConfig, Profile
 
 __all__ = [
     "ENV_VAR",
     "MatchRule",
+    "ProcessesConfig",
     "Profile",
     "list_profiles",
     "load_profile",

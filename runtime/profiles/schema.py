@@ -82,6 +82,44 @@ class MatchRule(BaseModel):
         return value
 
 
+class ProcessesConfig(BaseModel):
+    """How the agent's processes are scheduled on this device (the ``[processes]`` table).
+
+    The agent's supervisor reads it when it splits the hot path from its companion: the
+    hot path (capture, pipelines, the runtime's workers or inline sessions) runs above
+    everything else, the companion (uplink, installer, HTTP, stats) below it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hotpath_nice: StrictInt = Field(
+        default=0,
+        ge=-20,
+        le=19,
+        description=(
+            "Niceness of the hot-path process (capture, pipelines, policy, actions, the "
+            "decision-log writer). Below 0 needs CAP_SYS_NICE; 0 leaves it as started."
+        ),
+    )
+    companion_nice: StrictInt = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description=(
+            "Niceness of the companion process (uplink, directives and installer, local "
+            "HTTP, stats), 0..19: higher yields more CPU to the hot path."
+        ),
+    )
+    companion_sched: Literal["other", "batch", "idle"] = Field(
+        default="batch",
+        description=(
+            'Linux scheduling policy of the companion process: "other" (SCHED_OTHER, '
+            'the default timesharing), "batch" (SCHED_BATCH: never preempts a waking '
+            'hot-path thread) or "idle" (SCHED_IDLE: runs only on an otherwise idle core).'
+        ),
+    )
+
+
 class Profile(BaseModel):
     """One device class: core pinning, workers, execution providers and budgets."""
 
@@ -159,6 +197,39 @@ class Profile(BaseModel):
             "A worker silent this long is stuck: the watchdog kills and replaces it. "
             "The worker beats every min(0.2 s, timeout/4) while idle and before each "
             "request, so this must exceed the slowest single inference."
+        ),
+    )
+    execution_mode: Literal["pool", "inline"] = Field(
+        default="pool",
+        description=(
+            'How models run: "pool" (worker processes pinned to cores, tensors in shared '
+            'memory; a crash costs a worker, not the line) or "inline" (each pipeline '
+            "thread runs its sessions itself, pinned to a core of its own: no process "
+            "hop, for one camera per core). Chosen from measurements: ADR 0007."
+        ),
+    )
+    pipelining: StrictBool = Field(
+        default=True,
+        description=(
+            "Pool mode: keep one request queued ahead at each busy worker, so a loaded "
+            "worker never idles for a round trip."
+        ),
+    )
+    handoff_spin_us: StrictInt = Field(
+        default=0,
+        ge=0,
+        le=10_000,
+        description=(
+            "Pool mode: microseconds a worker spins (yielding its core) for its next "
+            "request before it blocks; 0 blocks at once. Spinning keeps the core awake, "
+            "so the next request skips a sleeping core's wake-up, at the cost of a busy "
+            "core while the line is idle for less than this."
+        ),
+    )
+    processes: ProcessesConfig = Field(
+        default_factory=ProcessesConfig,
+        description=(
+            "Scheduling of the agent's hot-path and companion processes ([processes] table)."
         ),
     )
 

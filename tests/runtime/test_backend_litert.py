@@ -222,7 +222,7 @@ def test_unusable_delegates_fall_back_to_the_cpu_with_a_warning(
     caplog: pytest.LogCaptureFixture, weights: dict[str, np.ndarray]
 ) -> None:
     caplog.set_level(logging.WARNING, logger="runtime.backends.litert")
-    b = LiteRTBackend(str(MODEL), BackendOptions(providers=("edgetpu", "quantum", "xnnpack")))
+    b = LiteRTBackend(str(MODEL), BackendOptions(delegates=("edgetpu", "quantum", "xnnpack")))
     assert b.active_providers == ["xnnpack", "cpu"]
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "edgetpu" in warned

@@ -476,9 +476,19 @@ def test_queued_request_past_its_deadline_is_dropped_without_running(
     late.release()  # already freed on expiry; releasing again is harmless
 
 
+@pytest.fixture(scope="module")
+def slow_pool_unpipelined(slow_model: str) -> Iterator[WorkerPool]:
+    """As ``slow_pool``, with nothing queued ahead at the busy worker."""
+    models = [ModelConfig("slow", slow_model, queue_bound=2)]
+    config = PoolConfig(workers=1, heartbeat_timeout_s=HEARTBEAT_S, pipelining=False)
+    with WorkerPool(models, config) as p:
+        yield p
+
+
 def test_control_request_overtakes_a_queued_background_request(
-    slow_pool: WorkerPool, slow_input: np.ndarray
+    slow_pool_unpipelined: WorkerPool, slow_input: np.ndarray
 ) -> None:
+    slow_pool = slow_pool_unpipelined
     order: list[str] = []
     running = slow_pool.submit("slow", slow_input, callback=lambda r: order.append("running"))
     background = slow_pool.submit(
@@ -496,6 +506,24 @@ def test_control_request_overtakes_a_queued_background_request(
     assert running.t_complete_ns < control.t_complete_ns < background.t_complete_ns
     wait_for(lambda: len(order) == 3, 5.0, "all three callbacks")
     assert order == ["running", "control", "background"]
+
+
+def test_pipelining_queues_one_request_ahead_at_a_busy_worker_and_counts_it_in_the_bound(
+    slow_pool: WorkerPool, slow_input: np.ndarray
+) -> None:
+    running = slow_pool.submit("slow", slow_input)
+    ahead = slow_pool.submit("slow", slow_input)
+    wait_for(lambda: slow_pool.queued("slow") == 0, 5.0, "the second request sent ahead")
+    queued = slow_pool.submit("slow", slow_input)
+    assert slow_pool.queued("slow") == 1  # only one ahead per worker
+    with pytest.raises(Overloaded):  # bound 2: one ahead + one queued
+        slow_pool.submit("slow", slow_input)
+    for req in (running, ahead, queued):
+        with req.wait(10):
+            np.testing.assert_array_equal(req.outputs[0], slow_input)
+    assert running.t_complete_ns < ahead.t_complete_ns < queued.t_complete_ns
+    # the ahead request started as soon as the one before it ended: no round trip
+    assert ahead.t_dispatch_ns < running.t_complete_ns
 
 
 def test_abandoned_request_frees_its_slot_when_it_completes(
