@@ -43,7 +43,8 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     return load_config(Path(args.config))
 
 
-def _echo(decision: Any, decision_id: str) -> None:
+def echo_decision(decision: Any, decision_id: str) -> None:
+    """``--echo``: one line per decision on stdout."""
     rec = decision.record
     e2e = rec.latencies_ms.get("e2e", 0.0)
     crops = rec.outputs.get("crops")
@@ -59,10 +60,20 @@ def _echo(decision: Any, decision_id: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from agent.app import Agent  # noqa: PLC0415 - check-config and decisions stay light
-
     cfg = _config(args)
     logging.getLogger().setLevel(cfg.agent.log_level.upper())
+    if not args.single_process:
+        from agent.supervisor import run_supervised  # noqa: PLC0415 - commands stay light
+
+        return run_supervised(
+            Path(args.config), cfg, echo=args.echo, duration_s=args.duration, stats=args.stats
+        )
+    return _run_single_process(cfg, args)
+
+
+def _run_single_process(cfg: AgentConfig, args: argparse.Namespace) -> int:
+    from agent.app import Agent  # noqa: PLC0415 - check-config and decisions stay light
+
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -78,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGHUP, _on_hup)  # after a side-load: take the installed bundles
-    agent = Agent(cfg, on_decision=_echo if args.echo else None)
+    agent = Agent(cfg, on_decision=echo_decision if args.echo else None)
     agent.start()
     for p in agent.problems:
         print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr)
@@ -179,6 +190,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         state_dir=Path(args.state_dir) if args.state_dir else None,
         progress=not args.quiet,
+        cameras=args.cameras,
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -251,13 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run the agent until SIGTERM",
+        help="run the agent until SIGTERM (a supervisor, the hot path, the companion)",
         epilog="example: edge-agent run --config agent.toml --echo",
     )
     with_config(run)
     run.add_argument("--echo", action="store_true", help="print each decision as it is made")
     run.add_argument("--duration", type=float, default=0, help="stop after S seconds (0: never)")
     run.add_argument("--stats", action="store_true", help="print counters as JSON at exit")
+    run.add_argument(
+        "--single-process",
+        action="store_true",
+        help="run the hot path and the companion in this one process (debugging; the "
+        "default is a supervisor with the two as separate processes)",
+    )
     run.set_defaults(func=cmd_run)
 
     check = sub.add_parser(
@@ -299,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=10.0, help="seconds of load")
     bench.add_argument("--load", type=float, default=0.6, help="fraction of capacity offered")
     bench.add_argument("--workers", type=int, default=None, help="pool workers")
+    bench.add_argument("--cameras", type=int, default=1, help="also spread the load over N cameras")
     bench.add_argument("--state-dir", help="where the bench's decision log goes (default: temp)")
     bench.add_argument("--json", help="write the report here")
     bench.add_argument("--quiet", action="store_true", help="no progress display")

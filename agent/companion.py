@@ -106,6 +106,7 @@ class Companion:
             profile_name=self.profile_name,
             health=self._fleet_health,
             worker_pids=self._worker_pids,
+            load=self.link.live,
         )
         self._gauges.start()
         if self.split:

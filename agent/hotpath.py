@@ -16,6 +16,7 @@ in flight, stop actions, flush the decision log, stop the pool.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import secrets
@@ -269,6 +270,7 @@ class HotPath:
             "reload": lambda _a: self._reload(),
             "reload_if_changed": lambda _a: self.reload_if_changed(),
             "bundle_health": self._bundle_health,
+            "live": lambda _a: dataclasses.asdict(self.sink.live.snapshot()),
             "alarms": lambda a: {
                 "alarms": self.alarms.take(int(a["max"])),
                 "dropped": self.alarms.dropped,

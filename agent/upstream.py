@@ -23,6 +23,7 @@ from agent.directives.service import DirectivesService
 from agent.enrollment.identity import Identity
 from agent.installer import Installer
 from agent.kernel.errors import EdgefleetError
+from agent.livelatency import LoadSource
 from agent.metrics import AgentMetrics
 from agent.planning import Problem
 from agent.uplink.service import Uplink
@@ -60,6 +61,7 @@ class Upstream:
         profile_name: str,
         health: Callable[[], dict[str, Any]],
         worker_pids: Callable[[], list[int]],
+        load: LoadSource | None = None,
     ) -> None:
         """Start the uplink, then (with ``[bundles]`` enabled and an installer) the
         directives service."""
@@ -69,6 +71,7 @@ class Upstream:
             profile_name=profile_name,
             health=health,
             worker_pids=worker_pids,
+            load=load,
         )
         if self.config.bundles.enabled and installer is not None:
             bundles = self.config.bundles
@@ -92,6 +95,7 @@ class Upstream:
         profile_name: str,
         health: Callable[[], dict[str, Any]],
         worker_pids: Callable[[], list[int]],
+        load: LoadSource | None,
     ) -> None:
         """Report to the fleet with the enrolled identity (TLS); without one, say so."""
         cfg = self.config.uplink
@@ -118,6 +122,7 @@ class Upstream:
                 sysinfo=SysInfo(state_dir, pids=worker_pids),
                 state_dir=state_dir,
                 on_alarm=self.count_alarm,
+                load=load,
             )
         except EdgefleetError as e:
             self.problems.append(Problem("uplink", str(e)))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.control.protocol import ControlError
+from agent.livelatency import LiveLoad
 
 RELOAD_TIMEOUT_S = 120.0
 """A reload loads models and starts workers: much longer than any other operation."""
@@ -98,6 +99,19 @@ class HotPathLink:
 
     def metrics(self) -> str:
         return str(self._call("metrics"))
+
+    def live(self) -> LiveLoad | None:
+        """The hot path's live latency (None: it can't be reached or said nothing)."""
+        try:
+            answer = self._call("live")
+        except ControlError:
+            return None
+        if not isinstance(answer, dict):
+            return None
+        try:
+            return LiveLoad(**answer)
+        except TypeError:
+            return None
 
     def alarms(self, most: int = 64) -> list[dict[str, str]]:
         answer = self._call("alarms", max=most)

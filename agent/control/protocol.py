@@ -34,6 +34,7 @@ OPS: dict[str, dict[str, type]] = {
     "reload_if_changed": {},
     "bundle_health": {"bundle": str},
     "alarms": {"max": int},
+    "live": {},
 }
 """Every operation the hot path answers, with its arguments and their types."""
 

@@ -234,9 +234,18 @@ def robot(mosquitto: Broker) -> Iterator[list[mqtt.MQTTMessage]]:
     c.disconnect()
 
 
-def _scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return str(r.read().decode())
+def _scrape(port: int, within_s: float = 20.0) -> str:
+    """/metrics once the companion serves it (it starts after the hot path answers, so
+    the first decisions can come before it listens)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return str(r.read().decode())
+        except urllib.error.URLError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_agent_decides_logs_publishes_and_stops_on_sigterm_within_5s(

@@ -1,0 +1,190 @@
+"""The two processes of ``edge-agent run``, as the supervisor starts them
+(:mod:`agent.supervisor`): ``python -m agent.child hotpath|companion --config F``.
+
+- ``hotpath``: :class:`agent.hotpath.HotPath` and the control channel's server. SIGHUP
+  reloads the pipelines (after a side-load), SIGTERM stops it in order.
+- ``companion``: :class:`agent.companion.Companion`, reaching the hot path through the
+  control channel's client. SIGTERM stops it.
+
+Each takes its scheduling from the firmware profile's ``[processes]`` table: the hot path
+at its niceness, the companion below it (a higher niceness and SCHED_BATCH by default).
+Both die with the supervisor (the kernel's parent-death signal). What the supervisor says
+of earlier starts comes in the environment (:data:`ENV_SOCKET`, :data:`ENV_STARTS`,
+:data:`ENV_LAST_EXIT`, :data:`ENV_RECOVER`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from agent.config import AgentConfig, load_config
+from agent.kernel.errors import EdgefleetError
+
+log = logging.getLogger(__name__)
+
+ENV_SOCKET = "EDGEFLEET_CONTROL_SOCKET"
+ENV_STARTS = "EDGEFLEET_HOTPATH_STARTS"
+ENV_LAST_EXIT = "EDGEFLEET_HOTPATH_LAST_EXIT"
+ENV_RECOVER = "EDGEFLEET_RECOVER"
+EXIT_ERROR = 2
+_PR_SET_PDEATHSIG = 1
+_POLICIES = {"other": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}
+
+
+def die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the supervisor dies (Linux; elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.debug("no parent-death signal on this system")
+
+
+def schedule(role: str, config: AgentConfig) -> str:
+    """Apply the profile's niceness and policy to this process; what was applied (a
+    setting the system refuses, such as a negative niceness without CAP_SYS_NICE, is
+    logged and left)."""
+    from runtime.profiles import load_profile  # noqa: PLC0415 - only the children need it
+
+    procs = load_profile(config.agent.profile).processes
+    nice = procs.hotpath_nice if role == "hotpath" else procs.companion_nice
+    applied = []
+    try:
+        current = os.nice(0)
+        if nice != current:
+            os.nice(nice - current)
+        applied.append(f"nice {nice}")
+    except OSError as exc:
+        log.warning("%s: niceness %d not applied: %s", role, nice, exc)
+    if role == "companion":
+        name = _POLICIES[procs.companion_sched]
+        policy = getattr(os, name, None)
+        if policy is not None:
+            try:
+                os.sched_setscheduler(0, policy, os.sched_param(0))
+                applied.append(name)
+            except OSError as exc:
+                log.warning("companion: %s not applied: %s", name, exc)
+    return ", ".join(applied)
+
+
+class _Signals:
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.reload = threading.Event()
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
+        signal.signal(signal.SIGHUP, self._hup)
+
+    def _stop(self, _signum: int, _frame: FrameType | None) -> None:
+        self.stop.set()
+
+    def _hup(self, _signum: int, _frame: FrameType | None) -> None:
+        self.reload.set()
+        self.stop.set()
+
+
+def run_hotpath(config: AgentConfig, socket_path: Path, *, echo: bool) -> int:
+    from agent.cli import echo_decision  # noqa: PLC0415 - the one echo format
+    from agent.control.server import ControlServer  # noqa: PLC0415
+    from agent.hotpath import HotPath  # noqa: PLC0415
+
+    signals = _Signals()
+    hot = HotPath(
+        config,
+        on_decision=echo_decision if echo else None,
+        recover=os.environ.get(ENV_RECOVER) == "1",
+        starts=int(os.environ.get(ENV_STARTS, "1") or 1),
+        last_exit=os.environ.get(ENV_LAST_EXIT, ""),
+    )
+    hot.start()
+    for p in hot.problems:
+        print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr, flush=True)
+    server = ControlServer(socket_path, hot.handle).start()
+    try:
+        while True:
+            signals.stop.wait()
+            if signals.reload.is_set():
+                signals.reload.clear()
+                signals.stop.clear()
+                hot.reload()
+                continue
+            break
+    finally:
+        server.stop()
+        hot.stop()
+    return 0
+
+
+def run_companion(config: AgentConfig, socket_path: Path) -> int:
+    from agent.companion import Companion  # noqa: PLC0415
+    from agent.control.client import ControlClient  # noqa: PLC0415
+    from agent.control.link import HotPathLink  # noqa: PLC0415
+    from agent.installer import Installer  # noqa: PLC0415
+    from runtime.profiles import load_profile  # noqa: PLC0415
+
+    signals = _Signals()
+    installer = None
+    if config.uses_installer():
+        installer = Installer(
+            config.agent.state_dir,
+            profile_name=load_profile(config.agent.profile).name,
+            config=config.bundles.installer,
+        )
+    client = ControlClient(socket_path)
+    link = HotPathLink(
+        client.call, device_id=config.agent.device_id, state_dir=config.agent.state_dir
+    )
+    companion = Companion(config, link, installer=installer, split=True).start()
+    for p in companion.problems:
+        print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr, flush=True)
+    try:
+        signals.stop.wait()
+    finally:
+        companion.stop()
+        client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.child")
+    parser.add_argument("role", choices=("hotpath", "companion"))
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--echo", action="store_true")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    try:
+        config = load_config(Path(args.config))
+    except EdgefleetError as exc:
+        print(f"edge-agent {args.role}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    logging.basicConfig(
+        level=config.agent.log_level.upper(),
+        format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s",
+    )
+    default_socket = config.agent.state_dir / "run" / "control.sock"
+    socket_path = Path(os.environ.get(ENV_SOCKET) or default_socket)
+    applied = schedule(args.role, config)
+    log.info("%s: pid %d, %s", args.role, os.getpid(), applied or "default scheduling")
+    runner: dict[str, Any] = {
+        "hotpath": lambda: run_hotpath(config, socket_path, echo=args.echo),
+        "companion": lambda: run_companion(config, socket_path),
+    }
+    try:
+        return int(runner[args.role]())
+    except EdgefleetError as exc:
+        print(f"edge-agent {args.role}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

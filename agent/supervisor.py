@@ -1,0 +1,230 @@
+"""``edge-agent run``: one service, two processes. The supervisor starts the hot path
+(:func:`agent.child.run_hotpath`), waits until it answers on the control channel, starts
+the companion (:func:`agent.child.run_companion`), and restarts either when it dies:
+
+- the hot path at once (after :data:`HOTPATH_BACKOFF_S` only while it keeps dying within
+  :data:`CRASH_LOOP_S` of its start), telling the new one how the last one ended; the
+  companion reports that to the fleet as a ``crash`` event;
+- the companion with a backoff from 1 s doubling to :data:`COMPANION_BACKOFF_MAX_S`; the
+  line keeps deciding while it is down.
+
+SIGTERM and SIGINT stop both (companion first, then the hot path, which flushes the
+decision log); SIGHUP is passed to the hot path (reload after a side-load). The control
+socket lives in a private directory under the state directory, or in a private temporary
+directory when that path would be too long for a Unix socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.child import ENV_LAST_EXIT, ENV_RECOVER, ENV_SOCKET, ENV_STARTS
+from agent.config import AgentConfig
+from agent.control.client import ControlClient
+from agent.control.protocol import ControlError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+HOTPATH_READY_S = 60.0
+"""How long the companion waits for the hot path's first answer before it starts anyway."""
+CRASH_LOOP_S = 10.0
+HOTPATH_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
+COMPANION_BACKOFF_MAX_S = 30.0
+STOP_S = 6.0
+"""How long a child gets after SIGTERM before SIGKILL."""
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 3`` or ``killed by signal 9 (SIGKILL)``."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {-code} ({name})"
+    return f"exit code {code}"
+
+
+@dataclass
+class _Child:
+    role: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    started_at: float = 0.0
+    quick_deaths: int = 0
+    restart_at: float = 0.0
+    last_exit: str = ""
+    exits: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    """Runs the hot path and the companion of the agent configured in ``config_path``.
+
+    Args:
+        config_path: the agent's TOML file (both children load it).
+        config: the same, loaded (the state directory, the device id).
+        echo: the hot path prints each decision.
+    """
+
+    def __init__(self, config_path: Path, config: AgentConfig, *, echo: bool = False) -> None:
+        self.config = config
+        self._tempdir: str | None = None
+        self.socket_path = self._socket_path(config.agent.state_dir)
+        base = [sys.executable, "-m", "agent.child"]
+        cfg = ["--config", str(Path(config_path).resolve())]
+        self.hotpath = _Child("hotpath", [*base, "hotpath", *cfg, *(["--echo"] if echo else [])])
+        self.companion = _Child("companion", [*base, "companion", *cfg])
+        self.client = ControlClient(self.socket_path)
+        self.stop_event = threading.Event()
+        self.reload_event = threading.Event()
+
+    def _socket_path(self, state_dir: Path) -> Path:
+        path = Path(state_dir).resolve() / "run" / "control.sock"
+        if len(str(path)) <= _SOCKET_PATH_MAX:
+            return path
+        self._tempdir = tempfile.mkdtemp(prefix="edgefleet-")  # mode 0700
+        return Path(self._tempdir) / "control.sock"
+
+    # -- the children -----------------------------------------------------------------
+    def _env(self, child: _Child) -> dict[str, str]:
+        env = dict(os.environ)
+        env[ENV_SOCKET] = str(self.socket_path)
+        if child is self.hotpath:
+            env[ENV_STARTS] = str(child.starts)
+            env[ENV_LAST_EXIT] = child.last_exit
+            env[ENV_RECOVER] = "1" if child.starts == 1 else "0"
+        return env
+
+    def _spawn(self, child: _Child) -> None:
+        child.starts += 1
+        child.started_at = time.monotonic()
+        child.proc = subprocess.Popen(child.argv, env=self._env(child))
+        log.info("%s started (pid %d, start %d)", child.role, child.proc.pid, child.starts)
+
+    def _reap(self, child: _Child, now: float) -> None:
+        """Note a child that exited and when it is started again."""
+        proc = child.proc
+        if proc is None or proc.poll() is None:
+            return
+        child.proc = None
+        child.last_exit = describe_exit(int(proc.returncode))
+        child.exits.append(child.last_exit)
+        quick = now - child.started_at < CRASH_LOOP_S
+        child.quick_deaths = child.quick_deaths + 1 if quick else 0
+        if child is self.hotpath:
+            delay = HOTPATH_BACKOFF_S[min(child.quick_deaths, len(HOTPATH_BACKOFF_S) - 1)]
+        else:
+            delay = min(COMPANION_BACKOFF_MAX_S, 2.0 ** max(0, child.quick_deaths))
+        child.restart_at = now + delay
+        log.error("%s %s; restarting in %.1f s", child.role, child.last_exit, delay)
+
+    def wait_hotpath(self, timeout_s: float) -> bool:
+        """Whether the hot path answered ``hello`` within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            proc = self.hotpath.proc
+            if proc is None or proc.poll() is not None:
+                return False
+            try:
+                self.client.call("hello", timeout_s=1.0)
+            except ControlError:
+                self.stop_event.wait(0.1)
+            else:
+                return True
+        return False
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self, duration_s: float = 0.0) -> None:
+        """Start both, keep them running until :attr:`stop_event`, or for ``duration_s``
+        once the hot path answers."""
+        self._spawn(self.hotpath)
+        if not self.wait_hotpath(HOTPATH_READY_S):
+            log.error("the hot path did not answer within %.0f s", HOTPATH_READY_S)
+        deadline = time.monotonic() + duration_s if duration_s else None
+        self._spawn(self.companion)
+        while not self.stop_event.wait(POLL_S):
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break
+            if self.reload_event.is_set():
+                self.reload_event.clear()
+                self._signal(self.hotpath, signal.SIGHUP)
+            for child in (self.hotpath, self.companion):
+                self._reap(child, now)
+                if child.proc is None and now >= child.restart_at:
+                    self._spawn(child)
+
+    def stats(self) -> dict[str, Any] | None:
+        """The hot path's counters (``--stats``), or None when it does not answer."""
+        try:
+            answer = self.client.call("stats", timeout_s=5.0)
+        except ControlError as exc:
+            log.error("no stats from the hot path: %s", exc.reason)  # noqa: TRY400
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def stop(self) -> None:
+        """Companion first, then the hot path; SIGKILL after :data:`STOP_S`."""
+        self.client.close()
+        for child in (self.companion, self.hotpath):
+            self._signal(child, signal.SIGTERM)
+            proc = child.proc
+            if proc is None:
+                continue
+            try:
+                proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                log.error("%s did not stop within %.0f s: killed", child.role, STOP_S)  # noqa: TRY400
+                proc.kill()
+                proc.wait(STOP_S)
+        if self._tempdir is not None:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+
+    def _signal(self, child: _Child, signum: int) -> None:
+        proc = child.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+
+def run_supervised(
+    config_path: Path, config: AgentConfig, *, echo: bool, duration_s: float, stats: bool
+) -> int:
+    """``edge-agent run``: the two processes until SIGTERM/SIGINT (or ``duration_s``)."""
+    sup = Supervisor(config_path, config, echo=echo)
+
+    def _stop(_signum: int, _frame: object) -> None:
+        sup.stop_event.set()
+
+    def _hup(_signum: int, _frame: object) -> None:
+        sup.reload_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, _hup)
+    counters = None
+    try:
+        sup.run(duration_s)
+        if stats:
+            counters = sup.stats()
+    finally:
+        sup.stop()
+    if stats:
+        print(json.dumps(counters or {}, indent=2, default=str))
+    return 0
