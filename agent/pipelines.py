@@ -21,7 +21,7 @@ from agent.capture import Camera
 from agent.config import AgentConfig
 from agent.kernel.errors import EdgefleetError
 from agent.metrics import AgentMetrics
-from agent.pipeline.runner import Decision, PipelineRunner, Stage
+from agent.pipeline.runner import MAX_IN_FLIGHT, Decision, PipelineRunner, Stage
 from agent.planning import Plan, Problem, Resolver, config_bundles, plan_pipelines
 from agent.sensors import SensorSource, make_sensor
 from runtime import ModelConfig, ModelLoadError, PoolConfig, WorkerPool
@@ -239,10 +239,23 @@ class Pipelines:
             emit=self._emit,
             on_error=self._error_sink(name),
             deadline_s=deadline,
+            # one frame in flight per worker: one camera can keep every worker busy (ADR 0009)
+            in_flight=max(1, min(MAX_IN_FLIGHT, self.pool.config.workers)),
         )
         self.runners.append(runner)
         self._loaded[name] = [b.path for b in plan.bundles]
+        if isinstance(source, Camera):
+            self._watch_serving(source)
         runner.start()
+
+    def _watch_serving(self, cam: Camera) -> None:
+        """The camera's drop ratio and starved flag as gauges, read from its stats when
+        /metrics is scraped (nothing on the hot path)."""
+        m = self.metrics
+        m.camera_drop_ratio.labels(camera=cam.name).set_function(lambda: cam.stats().drop_ratio)
+        m.camera_starved.labels(camera=cam.name).set_function(
+            lambda: 1.0 if cam.stats().starved else 0.0
+        )
 
     def _error_sink(self, pipeline: str) -> Callable[[str, str], None]:
         return lambda reason, message: self._pipeline_error(pipeline, reason, message)

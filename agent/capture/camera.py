@@ -26,7 +26,10 @@ logger = logging.getLogger(__name__)
 StateCallback = Callable[[str, bool, str], None]
 
 _IDLE_WAIT_S = 0.05  # after a read that gave no frame
-_FPS_WINDOW = 32  # frames the measured fps is taken over
+_FPS_WINDOW = 32  # frames the measured fps and the drop ratio are taken over
+STARVED_AFTER_S = 1.0
+"""A camera that delivers frames is *starved* when no consumer took one for this long
+(or ten frame periods, whichever is longer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,11 @@ class CameraStats:
         fps_measured: publish rate over the last frames (0 when none lately).
         frames_skipped: live frames read but not published, to hold ``fps``.
         errors: failures (open, read, stall, unexpected exceptions, callback errors).
+        frames_taken: frames a consumer (its pipeline) took.
+        drop_ratio: of the last frames published, the fraction replaced before anyone
+            took them: above 0 the pipeline can't keep up with the camera.
+        starved: the camera delivers frames but no consumer took one for
+            :data:`STARVED_AFTER_S` (or ten frame periods): it is not served at all.
     """
 
     frames_captured: int
@@ -52,6 +60,9 @@ class CameraStats:
     fps_measured: float
     frames_skipped: int = 0
     errors: int = 0
+    frames_taken: int = 0
+    drop_ratio: float = 0.0
+    starved: bool = False
 
 
 class Camera:
@@ -76,6 +87,8 @@ class Camera:
         self._reopens = 0
         self._errors = 0
         self._recent: deque[int] = deque(maxlen=_FPS_WINDOW)
+        self._recent_drops: deque[bool] = deque(maxlen=_FPS_WINDOW)
+        self._since_ns = 0  # when frames started coming (up), for "starved"
 
     @property
     def name(self) -> str:
@@ -137,7 +150,22 @@ class Camera:
                 fps_measured=self._fps(),
                 frames_skipped=self._skipped,
                 errors=self._errors,
+                frames_taken=self._slot.taken,
+                drop_ratio=self._drop_ratio(),
+                starved=self._starved(),
             )
+
+    def _drop_ratio(self) -> float:
+        drops = self._recent_drops
+        return sum(drops) / len(drops) if drops else 0.0
+
+    def _starved(self) -> bool:
+        if not self._up or not self._recent:
+            return False
+        now = time.perf_counter_ns()
+        window_ns = max(STARVED_AFTER_S * 1e9, 10e9 / self._config.fps)
+        served_ns = max(self._slot.last_take_ns, self._since_ns)
+        return now - served_ns > window_ns and now - self._recent[-1] < window_ns
 
     def _fps(self) -> float:
         if len(self._recent) < 2:
@@ -203,6 +231,8 @@ class Camera:
         c = self._config
         period_ns = int(1e9 / c.fps)
         stall_ns = int(c.stall_timeout_s * 1e9)
+        if c.phase and not source.live:  # a trigger offset: take turns with other cameras
+            self._stop.wait(c.phase * period_ns / 1e9)
         last_frame_ns = time.perf_counter_ns()
         next_ns = last_frame_ns  # paced: when to read next; live: earliest next publish
         while not self._stop.is_set():
@@ -238,7 +268,11 @@ class Camera:
             self._captured += 1
             self._recent.append(t_ns)
             was_up = self._up
-        self._slot.put(Frame(self.name, seq, image, t_ns, wall))
+            if not was_up:
+                self._since_ns = t_ns
+        replaced = self._slot.put(Frame(self.name, seq, image, t_ns, wall))
+        with self._lock:
+            self._recent_drops.append(replaced)
         if not was_up:
             backoff.reset()
             self._set_state(up=True, reason="capturing")

@@ -53,6 +53,17 @@ class CameraConfig(Section):
     loop: bool = Field(
         True, description="Start over at the end of a video file or image directory."
     )
+    phase: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "File, image and synthetic sources: the first read waits this fraction of a "
+            "frame period, so that cameras at the same fps take turns on the workers "
+            "instead of capturing at the same instant (a trigger offset: 0, 0.25, 0.5, "
+            "0.75 for four cameras). Live sources ignore it."
+        ),
+    )
     width: int = Field(
         640, ge=16, le=16384, description="Synthetic frame width; requested width for v4l2."
     )

@@ -20,6 +20,9 @@ class LatestSlot(Generic[T]):
         self._item: T | None = None
         self._closed = False
         self.dropped = 0
+        self.taken = 0
+        self.last_take_ns = 0
+        """``time.perf_counter_ns()`` of the last take (0: never)."""
 
     def put(self, item: T) -> bool:
         """Offer ``item``; True when it replaced one nobody took (counted in ``dropped``)."""
@@ -43,6 +46,8 @@ class LatestSlot(Generic[T]):
             if self._closed:
                 return None
             item, self._item = self._item, None
+            self.taken += 1
+            self.last_take_ns = time.perf_counter_ns()
             return item
 
     def close(self) -> None:

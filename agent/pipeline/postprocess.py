@@ -56,17 +56,45 @@ class Result:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+NMS_MATRIX_MAX = 1024
+"""Up to this many candidates, NMS computes every pairwise IoU at once (a 4 MB float32
+matrix at most) and the greedy pass only reads it; above, it goes box by box."""
+
+
 def nms(boxes: Array, scores: Array, iou_threshold: float, limit: int) -> list[int]:
     """Greedy non-maximum suppression; indexes of the kept boxes, best score first.
 
     ``boxes`` is [N, 4] as (x1, y1, x2, y2). A box goes when its IoU with a kept,
     better-scoring box exceeds ``iou_threshold``. At most ``limit`` are kept.
     """
-    if len(boxes) == 0:
+    if len(boxes) == 0 or limit <= 0:
         return []
-    b = boxes.astype(np.float64)
-    areas = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
     order = np.argsort(-scores, kind="stable")
+    b = boxes.astype(np.float64)[order]
+    areas = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    if len(b) > NMS_MATRIX_MAX:
+        return [int(order[i]) for i in _nms_box_by_box(b, areas, iou_threshold, limit)]
+    w = np.minimum(b[:, None, 2], b[None, :, 2]) - np.maximum(b[:, None, 0], b[None, :, 0])
+    h = np.minimum(b[:, None, 3], b[None, :, 3]) - np.maximum(b[:, None, 1], b[None, :, 1])
+    inter = np.clip(w, 0, None) * np.clip(h, 0, None)
+    union = areas[:, None] + areas[None, :] - inter
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    over = iou > iou_threshold
+    removed = np.zeros(len(b), np.bool_)
+    keep: list[int] = []
+    for i in range(len(b)):  # one vector OR per kept box
+        if removed[i]:
+            continue
+        keep.append(int(order[i]))
+        if len(keep) >= limit:
+            break
+        removed |= over[i]
+    return keep
+
+
+def _nms_box_by_box(b: Array, areas: Array, iou_threshold: float, limit: int) -> list[int]:
+    """Greedy NMS over boxes already sorted best first, without a pairwise matrix."""
+    order = np.arange(len(b))
     keep: list[int] = []
     while order.size and len(keep) < limit:  # each pass removes at least one index
         i = int(order[0])
@@ -177,11 +205,11 @@ def _finish(
     offset = cls.astype(np.float64)[:, None] * span
     kept = nms(boxes + offset, scores, spec.nms_iou, spec.max_detections)
     detections = []
-    for i in kept:
-        c = int(cls[i])
+    for (x1, y1, x2, y2), score, c in zip(
+        boxes[kept].tolist(), scores[kept].tolist(), cls[kept].tolist(), strict=True
+    ):
         label = labels[c] if 0 <= c < len(labels) else (str(c) if classes is not None else None)
-        x1, y1, x2, y2 = (float(v) for v in boxes[i])
-        detections.append(Detection((x1, y1, x2, y2), float(scores[i]), label))
+        detections.append(Detection((x1, y1, x2, y2), score, label))
     best = detections[0] if detections else None
     return Result(
         "detection",

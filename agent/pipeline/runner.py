@@ -1,9 +1,15 @@
-"""One pipeline's loop: take the newest input from its source, run the model (or chain)
-on the runtime's pool, post-process, decide, and hand the decision on.
+"""One pipeline: take the newest input from its source, run the model (or chain) on the
+runtime's pool, post-process, decide, and hand the decision on.
 
-The loop never builds a backlog: it takes only the newest frame (the camera drops the
-rest and counts them), keeps one frame in flight, and hashes the input while the worker
-infers. Inference failures are counted per reason and the loop goes on.
+The pipeline never builds a backlog: it takes only the newest frame (the camera drops the
+rest and counts them) and keeps at most ``in_flight`` frames between taking and deciding
+(ADR 0009). Two threads share the work: the *feeder* takes a frame as soon as one of
+those places is free, submits it to the pool and hashes it while a worker infers; the
+*decider* waits for the oldest frame in flight, post-processes it, decides and hands the
+decision on. Frames are decided in the order they were taken, which is capture order, so
+one camera's decisions are emitted in capture order whatever worker finishes first.
+With ``in_flight = 1`` this is the one-frame-in-flight loop of ADR 0002. Inference
+failures are counted per reason and the pipeline goes on.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,12 +28,17 @@ import numpy as np
 from agent.decisionlog import DecisionRecord
 from agent.kernel.bundle import Bundle
 from agent.pipeline.postprocess import Result, build_postprocessor
+from agent.pipeline.stages import StageTimes
 from agent.policy import Item, PolicySpec, Verdict, decide
-from runtime import EdgeRuntimeError, ModelInfo, WorkerPool
+from runtime import EdgeRuntimeError, ModelInfo, Request, WorkerPool
 
 log = logging.getLogger(__name__)
 
 MAX_SUMMARY_ITEMS = 20
+MAX_IN_FLIGHT = 8
+"""The most frames one pipeline may keep between taking and deciding."""
+
+_POLL_S = 0.2  # how often a waiting thread looks at the stop flag
 
 
 class Input(Protocol):
@@ -82,10 +94,27 @@ class Decision:
 
 @dataclass
 class PipelineStats:
+    """A pipeline's counters; ``in_flight`` is how many frames it holds now."""
+
     taken: int = 0
     decided: int = 0
     errors: int = 0
     last_error: str = ""
+    in_flight: int = 0
+    max_in_flight: int = 1
+
+
+@dataclass
+class _Pending:
+    """A frame submitted to the pool, waiting to be decided."""
+
+    item: Any
+    data: np.ndarray
+    is_image: bool
+    req: Request
+    digest: str
+    t_take_ns: int
+    t_submitted_ns: int
 
 
 def _items(result: Result) -> list[Item]:
@@ -104,7 +133,11 @@ def _crop(image: np.ndarray, box: tuple[float, float, float, float], pad: float)
 
 
 class PipelineRunner:
-    """Runs one pipeline on its own thread until stopped."""
+    """Runs one pipeline on its feeder and decider threads until stopped.
+
+    ``in_flight`` (1..:data:`MAX_IN_FLIGHT`) is how many frames may be between taking
+    and deciding; one per pool worker lets one camera keep every worker busy.
+    """
 
     def __init__(
         self,
@@ -121,9 +154,12 @@ class PipelineRunner:
         on_error: Callable[[str, str], None] | None = None,
         deadline_s: float | None = None,
         wait_timeout_s: float = 10.0,
+        in_flight: int = 1,
     ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
+        if not 1 <= in_flight <= MAX_IN_FLIGHT:
+            raise ValueError(f"in_flight must be 1..{MAX_IN_FLIGHT}, got {in_flight}")
         self.name = name
         self.source_name = source_name
         self.line = line
@@ -136,53 +172,131 @@ class PipelineRunner:
         self.on_error = on_error
         self.deadline_s = deadline_s
         self.wait_timeout_s = wait_timeout_s
-        self.stats = PipelineStats()
+        self.in_flight = in_flight
+        self.stats = PipelineStats(max_in_flight=in_flight)
+        self.stage_times: StageTimes | None = None
+        """Per-stage histograms while :meth:`measure_stages` is on (benches); None off."""
+        self._rules = [r.model_dump(exclude_none=True) for r in policy.rules]
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._places = threading.Semaphore(in_flight)
+        self._pending: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._fed_all = threading.Event()
+        self._errors_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
 
-    # -- thread --------------------------------------------------------------------
+    # -- threads ---------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._loop, name=f"pipeline-{self.name}", daemon=True
-        )
-        self._thread.start()
+        self._fed_all.clear()
+        self._threads = [
+            threading.Thread(target=self._feed, name=f"pipeline-{self.name}", daemon=True),
+            threading.Thread(target=self._decide, name=f"pipeline-{self.name}-decide", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
+        """Take no more frames; the frames in flight are still decided and emitted."""
         self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def join(self, timeout_s: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            item = self.source.latest(timeout_s=0.2)
-            if item is None:
-                continue
-            self.stats.taken += 1
+    def measure_stages(self, on: bool = True) -> StageTimes | None:
+        """Keep per-stage histograms (from now, or no more); they cost a few µs a stage."""
+        self.stage_times = StageTimes() if on else None
+        return self.stage_times
+
+    def _feed(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._places.acquire(timeout=_POLL_S):
+                    continue
+                item = self.source.latest(timeout_s=_POLL_S)
+                if item is None or self._stop.is_set():
+                    self._places.release()
+                    continue
+                self.stats.taken += 1
+                try:
+                    pending = self._submit(item)
+                except EdgeRuntimeError as e:
+                    self._places.release()
+                    self._error(type(e).__name__, str(e))
+                    continue
+                except Exception as e:  # a bug must not kill the line: log, count, go on
+                    self._places.release()
+                    log.exception("pipeline %s: unexpected error", self.name)
+                    self._error("internal", f"{type(e).__name__}: {e}")
+                    continue
+                with self._cond:
+                    self._pending.append(pending)
+                    self.stats.in_flight = len(self._pending)
+                    self._cond.notify()
+        finally:
+            self._fed_all.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def _decide(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    if self._fed_all.is_set():
+                        return
+                    self._cond.wait(_POLL_S)
+                pending = self._pending[0]  # oldest first: capture order
             try:
-                decision = self.process(item)
+                decision = self._finish(pending)
             except EdgeRuntimeError as e:
                 self._error(type(e).__name__, str(e))
-                continue
+                decision = None
             except Exception as e:  # a bug must not kill the line: log, count, go on
                 log.exception("pipeline %s: unexpected error", self.name)
                 self._error("internal", f"{type(e).__name__}: {e}")
-                continue
-            self.stats.decided += 1
+                decision = None
+            try:
+                if decision is not None:
+                    self.stats.decided += 1
+                    self._emit(decision)
+            finally:
+                with self._cond:
+                    self._pending.popleft()
+                    self.stats.in_flight = len(self._pending)
+                self._places.release()
+
+    def _emit(self, decision: Decision) -> None:
+        times = self.stage_times
+        if times is None:
             self.emit(decision)
+            return
+        t = time.perf_counter_ns()
+        self.emit(decision)
+        done = time.perf_counter_ns()
+        times.record("emit", done - t)
+        times.record("e2e", done - decision.t_capture_ns)
 
     def _error(self, reason: str, message: str) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = message
+        with self._errors_lock:
+            self.stats.errors += 1
+            self.stats.last_error = message
         if self.on_error is not None:
             self.on_error(reason, message)
 
     # -- one input -----------------------------------------------------------------
     def process(self, item: Any) -> Decision:
-        """Decide one frame or sensor window. Raises EdgeRuntimeError on inference failure."""
+        """Decide one frame or sensor window, on the caller's thread.
+
+        Raises:
+            EdgeRuntimeError: the inference failed.
+        """
+        return self._finish(self._submit(item))
+
+    def _submit(self, item: Any) -> _Pending:
         t_take = time.perf_counter_ns()
         image = getattr(item, "image", None)
         data: np.ndarray = image if image is not None else item.values
@@ -194,8 +308,25 @@ class PipelineRunner:
             if is_image
             else self.pool.submit(first.model, data, t0_ns=t0, deadline_s=self.deadline_s)
         )
-        with req:
+        t_submitted = time.perf_counter_ns()
+        try:  # the worker infers meanwhile
             digest = hashlib.sha256(np.ascontiguousarray(data).data).hexdigest()[:32]
+        except BaseException:
+            req.release()
+            raise
+        times = self.stage_times
+        if times is not None:
+            times.record("take", t_take - t0)
+            times.record("submit", t_submitted - t_take)
+            times.record("digest", time.perf_counter_ns() - t_submitted)
+        return _Pending(item, data, is_image, req, digest, t_take, t_submitted)
+
+    def _finish(self, p: _Pending) -> Decision:
+        """Wait for ``p``'s inference, post-process, decide and build the record."""
+        item, data, is_image = p.item, p.data, p.is_image
+        first = self.stages[0]
+        t0 = item.t_capture_ns
+        with p.req as req:
             req.wait(self.wait_timeout_s)
             t_inferred = time.perf_counter_ns()
             frame_hw = (int(data.shape[0]), int(data.shape[1])) if is_image else (0, 0)
@@ -208,7 +339,7 @@ class PipelineRunner:
         if is_image:  # boxes are in frame pixels: the review pages scale them to a thumbnail
             summary["frame"] = {"width": frame_hw[1], "height": frame_hw[0]}
         lat = {
-            "capture_wait": (t_take - t0) / 1e6,
+            "capture_wait": (p.t_take_ns - t0) / 1e6,
             "queue": queue_ns / 1e6,
             "inference": infer_ns / 1e6,
             "postprocess": (t_post - t_inferred) / 1e6,
@@ -231,10 +362,10 @@ class PipelineRunner:
         t_done = time.perf_counter_ns()
         lat["policy"] = (t_done - t_policy) / 1e6
         lat["e2e"] = (t_done - t0) / 1e6
-        now = time.time()
+        rule = verdict.rule  # the rules' dump is made once (what Verdict.thresholds gives)
         record = DecisionRecord(
             capture_time=item.wall_time,
-            decision_time=now,
+            decision_time=time.time(),
             source=self.source_name,
             line=self.line,
             model_name=first.bundle.manifest.name,
@@ -242,13 +373,19 @@ class PipelineRunner:
             bundle_digest=first.bundle.digest,
             backend=first.backend,
             config_hash=self.config_hash,
-            input_digest=digest,
+            input_digest=p.digest,
             outputs=summary,
             outcome=verdict.outcome,
-            thresholds=verdict.thresholds(self.policy),
+            thresholds={"rules": self._rules, "default": self.policy.default, "fired": rule},
             latencies_ms=lat,
-            thumbnail=image if is_image else None,
+            thumbnail=data if is_image else None,
         )
+        times = self.stage_times
+        if times is not None:
+            times.record("wait", t_inferred - p.t_submitted_ns)
+            times.record("postprocess", t_post - t_inferred)
+            times.record("policy", t_done - t_policy)
+            times.record("record", time.perf_counter_ns() - t_done)
         return Decision(record, verdict, result, t0)
 
     def _chain(
