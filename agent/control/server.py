@@ -58,6 +58,7 @@ class ControlServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
 
     def start(self) -> ControlServer:
         directory = self.path.parent
@@ -86,6 +87,11 @@ class ControlServer:
             self._thread.join(2 * _ACCEPT_POLL_S)
         if self._sock is not None:
             self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # their threads see the end of the stream and finish
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.path.unlink()
 
@@ -114,6 +120,8 @@ class ControlServer:
             ).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(conn)
         try:
             conn.settimeout(IDLE_TIMEOUT_S)
             while not self._stop.is_set():
@@ -135,6 +143,8 @@ class ControlServer:
         except Exception:  # a connection's thread must not die unseen
             log.exception("control: serving a connection failed")
         finally:
+            with self._lock:
+                self._conns.discard(conn)
             conn.close()
             self._slots.release()
 
