@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from agent.actions.dispatcher import ActionDispatcher, ActionEvent
 from agent.decisionlog import DecisionLog
@@ -36,7 +37,24 @@ class DecisionSink:
         self.first_decision_at: float | None = None
         """Monotonic time of the first decision since start (cold start figure)."""
         self.live = LatencyWindow()
+        self._children: dict[tuple[str, str, str], Any] = {}
         """Each decision's e2e ms; ``live.snapshot`` paces the uplink's drain (``load=``)."""
+
+    def _child(self, family: str, pipeline: str, label: str) -> Any:
+        """A metric's labelled child, looked up once (``labels()`` costs more than the
+        update itself on every decision)."""
+        key = (family, pipeline, label)
+        child = self._children.get(key)
+        if child is None:
+            m = self.metrics
+            if family == "decisions":
+                child = m.decisions.labels(pipeline=pipeline, outcome=label)
+            elif family == "e2e":
+                child = m.e2e_latency.labels(pipeline=pipeline)
+            else:
+                child = m.stage_latency.labels(pipeline=pipeline, stage=label)
+            self._children[key] = child
+        return child
 
     def reset_counts(self) -> None:
         """New bundles: outcomes are counted from zero."""
@@ -64,12 +82,11 @@ class DecisionSink:
             )
         )
         pipeline = self.pipeline_of(rec.source)
-        m = self.metrics
-        m.decisions.labels(pipeline=pipeline, outcome=rec.outcome).inc()
-        m.e2e_latency.labels(pipeline=pipeline).observe(e2e_s)
+        self._child("decisions", pipeline, rec.outcome).inc()
+        self._child("e2e", pipeline, "").observe(e2e_s)
         for stage, ms in rec.latencies_ms.items():
             if stage != "e2e":
-                m.stage_latency.labels(pipeline=pipeline, stage=stage).observe(ms / 1000)
+                self._child("stage", pipeline, stage).observe(ms / 1000)
         if self.first_decision_at is None:
             self.first_decision_at = time.monotonic()
         if self.on_decision is not None:
