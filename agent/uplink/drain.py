@@ -17,6 +17,7 @@ after a PUBACK with a success reason code (:class:`Drain`).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -187,6 +188,12 @@ class Drain:
     def in_flight(self) -> int:
         """Records sent and not yet answered."""
         return len(self._in_flight)
+
+    def ahead(self) -> int:
+        """How many records the batcher may queue ahead of the sender: about a second at
+        the rate in force (at least 2, at most two windows), so that a paced drain does
+        not make a backlog's batches in one burst of work."""
+        return max(2, min(2 * self.window, math.ceil(self._bucket.rate)))
 
     def rate_per_s(self) -> float:
         """The rate in force now (the paced one, or the fixed cap)."""

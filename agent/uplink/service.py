@@ -383,13 +383,12 @@ class Uplink:
 
     def _decisions_loop(self) -> None:
         """Batch decisions into the outbox while connected (offline, the decision log
-        holds them), keeping at most two windows of batches (and of thumbnails) ahead of
+        holds them), keeping at most :meth:`Drain.ahead` batches (and thumbnails) ahead of
         the sender."""
         batcher = self._batcher
         if batcher is None:
             return
         interval = self.config.decisions_interval_s
-        ahead = 2 * self.config.drain_window
         failures = 0
         wait = interval
         while not self._stop.is_set():
@@ -404,7 +403,7 @@ class Uplink:
             # images queued ahead of the sender (they would be dropped for room).
             if (
                 max(self.outbox.pending(KIND_DECISIONS), self.outbox.pending(KIND_THUMBNAIL))
-                >= ahead
+                >= self._drain.ahead()  # paced: about a second's worth, no burst of work
             ):
                 wait = min(interval, 0.05)
                 continue

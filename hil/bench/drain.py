@@ -2,7 +2,8 @@
 goes from a device into the fleet database, and what draining it does to that device's
 live decision latency, in one run.
 
-The fleet side runs in a child process (:mod:`hil.bench.drain_fleet`): a fleet
+The fleet side runs in a child process (:mod:`hil.bench.drain_fleet`) at the lowest
+CPU priority (nice 19, SCHED_IDLE where allowed: it stands for a remote server): a fleet
 server with its managed Mosquitto (TLS), one ingest worker and an SQLite fleet database,
 and in front of the broker a TCP forwarder, the network link the bench cuts and restores.
 The device (:mod:`hil.bench.drain_device`) is a real :class:`agent.app.Agent`,
@@ -58,6 +59,7 @@ from hil.bench.drain_device import (
     Latency,
     agent_config,
     calibrate,
+    pace_by_hot_path,
     prefill,
     start_agent,
     wait_phase,
@@ -203,10 +205,13 @@ def bench_drain(
     work_dir: Path | None = None,
     progress: Callable[[str], None] = lambda _m: None,
     bars: bool = False,
+    fleet_lowest: bool = True,
 ) -> dict[str, Any]:
     """Run the scenario of the module docstring; the figures as a JSON-able dict.
     ``uplink``: settings of :class:`agent.uplink.UplinkConfig` to use instead of its
     defaults (``drain_rate_per_s``, ``decisions_batch``, ``drain_window`` ...).
+    ``fleet_lowest``: the fleet side at the lowest CPU priority (it stands for a remote
+    server); False only to see what that priority costs the drain rate.
 
     Raises:
         DrainBenchError: bad arguments, or a part failed to start or run.
@@ -229,7 +234,7 @@ def bench_drain(
     with tempfile.TemporaryDirectory(prefix="drain-bench-", dir=work_dir) as tmp:
         root = Path(tmp)
         progress("starting the fleet side: fleet server, Mosquitto (TLS), ingest, link")
-        fleet = FleetSide(root / "fleet", budget_s)
+        fleet = FleetSide(root / "fleet", budget_s, lowest=fleet_lowest)
         try:
             state = root / "device"
             try:
@@ -254,6 +259,7 @@ def bench_drain(
             lat = Latency()
             agent = start_agent(cfg, lat.record)
             try:
+                pace_by_hot_path(agent)
                 lat.take()
                 cpu = Cpu()
                 wait_phase(duration_s, "idle (link down)", bars, lambda: "backlog waits")
@@ -292,6 +298,7 @@ def bench_drain(
         "drain_p50_ms": live["p50_ms"],
         "drain_p99_ms": live["p99_ms"],
         "p99_ratio": round(ratio, 3),
+        "fleet_priority": fleet.hello.get("priority", ""),
         "cpu_idle": idle_cpu,
         "cpu_drain": drain_cpu,
         "settings": {k: getattr(settings, k) for k in SETTINGS},
@@ -303,7 +310,8 @@ def bench_drain(
     }
 
 
-SETTINGS = ("decisions_batch", "decisions_interval_s", "drain_rate_per_s", "drain_window")
+SETTINGS = ("decisions_batch", "decisions_interval_s", "drain_rate_per_s", "drain_window",
+            "drain_pacing", "drain_target_p99_ratio", "drain_min_rate_per_s")  # fmt: skip
 
 
 def _machine() -> dict[str, Any]:
@@ -341,10 +349,22 @@ def format_report(r: dict[str, Any]) -> str:
             f"CPU: idle {r['cpu_idle']['machine_busy_pct']} % of the machine (agent process "
             f"{r['cpu_idle']['agent_process_cores']} cores), drain "
             f"{r['cpu_drain']['machine_busy_pct']} % ({r['cpu_drain']['agent_process_cores']})",
+            f"fleet side (stands for a remote server): {r['fleet_priority'] or 'default priority'}",
             "uplink: " + ", ".join(f"{k} {v}" for k, v in s.items()),
+            _pacing_line(r["uplink"].get("drain_pacing") or {}),
             f"target >= {r['target_records_per_s']:.0f} records/s and p99 ratio < "
             f"{r['target_p99_ratio']:.2f}: {verdict} ({parts})",
         ]
+    )
+
+
+def _pacing_line(p: dict[str, Any]) -> str:
+    if not p:
+        return "drain pacing: not reported"
+    return (
+        f"drain pacing: {p['mode']}, at the end {p['rate_per_s']} records/s ({p['reason']}); "
+        f"idle p99 {p['baseline_p99_ms']} ms, x{p['target_ratio']} allowed; "
+        f"{p['increases']} increases, {p['decreases']} decreases"
     )
 
 
@@ -370,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="an [uplink] setting instead of its default, e.g. "
                         "drain_rate_per_s=500 (repeatable)")  # fmt: skip
+    parser.add_argument("--fleet-priority", choices=("lowest", "default"), default="lowest",
+                        help="the fleet side's CPU priority: lowest (nice 19, SCHED_IDLE; "
+                        "it stands for a remote server) or default (what that costs)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     args = parser.parse_args(argv)
@@ -389,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             args.bundle, args.source, backlog=args.backlog, duration_s=args.duration,
             load=args.load, fps=args.fps, uplink=uplink, workers=args.workers,
             drain_timeout_s=args.drain_timeout, progress=say, bars=not args.quiet,
+            fleet_lowest=args.fleet_priority == "lowest",
         )  # fmt: skip
     except EdgefleetError as exc:
         print(f"bench-drain: error: {exc}", file=sys.stderr)

@@ -126,6 +126,20 @@ def start_agent(cfg: AgentConfig, on_decision: Callable[[Decision, str], None]) 
     return agent
 
 
+def pace_by_hot_path(agent: Agent) -> bool:
+    """Pace the agent's drain by its hot path's live latency, as ``Uplink(load=...)``
+    does, where the agent's own wiring has not (the in-process agent builds its uplink
+    without ``load`` until the process split passes it); whether the drain is paced.
+    """
+    uplink = agent.uplink
+    if uplink is None:
+        return False
+    drain = uplink._drain  # the bench stands in for the agent's wiring
+    if drain.load is None:
+        drain.load = agent.sink.live.snapshot
+    return True
+
+
 def calibrate(
     bundle: Path, video: str, state: Path, workers: int | None, seconds: float, bars: bool
 ) -> tuple[float, dict[str, Any]]:

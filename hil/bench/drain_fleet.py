@@ -3,6 +3,10 @@ process so that it shares the machine with the device but not its interpreter: a
 server (managed Mosquitto with TLS, one ingest worker, an SQLite fleet database) and in
 front of its broker a TCP forwarder, the network link the bench cuts and restores
 (:class:`hil.linkproxy.LinkProxy`). :class:`FleetSide` is the parent's handle on it.
+
+The fleet side stands for a remote server: it runs at the lowest CPU priority (nice 19
+and SCHED_IDLE where allowed, inherited by Mosquitto; :func:`lowest_priority`), so that
+on a shared machine it takes only the CPU the device leaves.
 """
 
 from __future__ import annotations
@@ -59,10 +63,11 @@ class DrainBenchError(FleetError):
 
 def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
     """The child process: start the fleet server (ingest only) and the link, send
-    ``{url, token, port, db}``, then answer ``"cut"``, ``"restore"`` and ``"stop"`` (the
+    ``{url, token, port, db, priority}``, then answer ``"cut"``, ``"restore"`` and ``"stop"`` (the
     last with the ingest workers' counters) until stopped, the parent gone, or
     ``spec["max_s"]`` passed. A failure is sent as ``{"error": ...}``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    priority = lowest_priority() if spec.get("lowest", True) else "default priority (asked)"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops this in order
     signal.signal(signal.SIGTERM, _exit)  # terminated: leave the with-blocks (the broker)
     os.environ.setdefault(PASSPHRASE_ENV, spec["passphrase"])
@@ -86,7 +91,8 @@ def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
             store.create_token(ctx.engine, store.hash_token(token), spec["device_id"],
                                labels=LABELS, profile=PROFILE, ttl_s=3600)  # fmt: skip
             link = LinkProxy(ctx.broker.host, ctx.broker.port).start()
-            conn.send({"url": server.url, "token": token, "port": link.port, "db": str(db)})
+            conn.send({"url": server.url, "token": token, "port": link.port, "db": str(db),
+                       "priority": priority})  # fmt: skip
             deadline = time.monotonic() + float(spec["max_s"])
             while time.monotonic() < deadline:
                 if not conn.poll(0.5):
@@ -111,18 +117,39 @@ def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
 
 
+def lowest_priority() -> str:
+    """Put this process (and what it starts: Mosquitto, the ingest threads) at the lowest
+    CPU priority, nice 19 and SCHED_IDLE where allowed: the fleet side stands for a
+    remote server, so it takes only what the device leaves. What it got, in words."""
+    got = []
+    try:
+        os.nice(19 - os.nice(0))
+        got.append(f"nice {os.nice(0)}")
+    except OSError as exc:
+        got.append(f"nice refused ({exc.strerror})")
+    sched_idle = getattr(os, "SCHED_IDLE", None)
+    if sched_idle is not None:
+        try:
+            os.sched_setscheduler(0, sched_idle, os.sched_param(0))
+            got.append("SCHED_IDLE")
+        except OSError as exc:
+            got.append(f"SCHED_IDLE refused ({exc.strerror})")
+    return ", ".join(got)
+
+
 def _exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
 class FleetSide:
-    """The parent's handle on :func:`fleet_process`."""
+    """The parent's handle on :func:`fleet_process` (``lowest``: at the lowest CPU
+    priority, see :func:`lowest_priority`)."""
 
-    def __init__(self, directory: Path, max_s: float) -> None:
+    def __init__(self, directory: Path, max_s: float, *, lowest: bool = True) -> None:
         spawn = mp.get_context("spawn")
         self.conn, child = spawn.Pipe()
         spec = {"dir": str(directory), "device_id": DEVICE_ID, "max_s": max_s,
-                "passphrase": secrets.token_urlsafe(24)}  # fmt: skip
+                "passphrase": secrets.token_urlsafe(24), "lowest": lowest}  # fmt: skip
         self.proc = spawn.Process(target=fleet_process, args=(spec, child), daemon=True)
         self.proc.start()
         try:
