@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from agent.config import AgentConfig, load_config
+from agent.echo import echo_decision
 from agent.kernel.errors import EdgefleetError
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,6 @@ class _Signals:
 
 
 def run_hotpath(config: AgentConfig, socket_path: Path, *, echo: bool) -> int:
-    from agent.cli import echo_decision  # noqa: PLC0415 - the one echo format
     from agent.control.server import ControlServer  # noqa: PLC0415
     from agent.hotpath import HotPath  # noqa: PLC0415
 

@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from agent.config import AgentConfig, load_config
+from agent.echo import echo_decision
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
 from agent.kernel.errors import EdgefleetError
@@ -41,22 +41,6 @@ EPILOG_RUN = """example:
 
 def _config(args: argparse.Namespace) -> AgentConfig:
     return load_config(Path(args.config))
-
-
-def echo_decision(decision: Any, decision_id: str) -> None:
-    """``--echo``: one line per decision on stdout."""
-    rec = decision.record
-    e2e = rec.latencies_ms.get("e2e", 0.0)
-    crops = rec.outputs.get("crops")
-    if crops is not None:  # a chain: what the last stage said of each crop
-        seen = " ".join(f"{c['label']}:{c['score']:.2f}" for c in crops) or "nothing"
-    else:
-        seen = f"{decision.result.label or '-'}:{decision.result.score:.3f}"
-    print(
-        f"{time.strftime('%H:%M:%S')} {rec.source:<8} {rec.outcome:<7} e2e {e2e:7.2f} ms  "
-        f"{rec.model_name} {rec.model_version:<7} {decision_id[-12:]}  {seen}",
-        flush=True,
-    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
