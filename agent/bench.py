@@ -3,7 +3,8 @@
 the same run.
 
 Steps: (1) bare runtime: one in-process session runs the preprocessed first frame in a
-tight loop; (2) capacity: the agent with the camera unpaced, decisions per second;
+tight loop; (2) capacity: the agent with the camera offered more than the pool could
+serve (:data:`OFFER_OVER_BARE` x workers x bare rps), decisions per second;
 (3) load: the camera paced at ``load`` x capacity, end-to-end latency from each frame's
 capture timestamp to its decision being queued to the log writer (the hot path never
 waits for the disk; the writer commits in batches), and where the time goes (the
@@ -32,9 +33,16 @@ from agent.pipeline.runner import Decision
 from runtime.bench import Progress, measure_bare
 from runtime.metrics import new_histogram, summarize
 from runtime.preprocess import Preprocessor
+from runtime.profiles import load_profile
 
 CALIBRATE_S = 3.0
 MAX_FPS = 1000.0
+OFFER_OVER_BARE = 1.25
+"""Capacity is measured with the camera at this many times what the bare runtime could
+serve on every worker (capped at :data:`MAX_FPS`): more than the pool can take, without
+the capture thread decoding a thousand frames a second that nobody could take (on a
+2-core device that decoding would take the workers' CPU and measure the camera, not the
+agent)."""
 TARGET_OVER_BARE_MS = 1.0
 """Issue 15's target: e2e p99 <= bare p99 + 1 ms at 60 % of capacity."""
 TARGET_CAMERA_RATIO = 1.5
@@ -61,6 +69,11 @@ def _rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def _profile_workers() -> int:
+    """The pool workers this device's profile gives (no ``--workers``)."""
+    return int(load_profile().resolve_workers())
 
 
 def _camera_names(cameras: int) -> list[str]:
@@ -236,10 +249,12 @@ def run_agent_bench(
     )
     with tempfile.TemporaryDirectory(prefix="edge-agent-bench-") as tmp:
         state = state_dir or Path(tmp)
+        n_workers = workers or _profile_workers()
+        offer = min(MAX_FPS, OFFER_OVER_BARE * n_workers * bare.throughput_rps)
         cal = _run(
-            _agent_config(bundle_dir, video, MAX_FPS, state / "cal", workers),
+            _agent_config(bundle_dir, video, offer, state / "cal", workers),
             CALIBRATE_S,
-            "capacity (unpaced camera)",
+            f"capacity (camera at {offer:.0f} fps)",
             progress,
         )
         capacity = cal["rate"]
@@ -282,6 +297,7 @@ def run_agent_bench(
         "load": load,
         "frames_in_flight": run["in_flight"],
         "capacity_fps": round(capacity, 1),
+        "capacity_offered_fps": round(offer, 1),
         "offered_fps": round(fps, 1),
         "decisions_per_s": round(run["rate"], 1),
         "e2e_p50_ms": e2e["p50_ms"],
@@ -337,8 +353,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"model {r['model']} {r['model_version']}, frames {r['frame_shape']}",
         f"bare runtime         p50 {r['bare_p50_ms']:.3f} ms  p99 {r['bare_p99_ms']:.3f} ms  "
         f"({r['bare_rps']:.0f} rps, one session)",
-        f"capacity             {r['capacity_fps']:.1f} decisions/s (unpaced camera, "
-        f"{r['frames_in_flight']} frames in flight)",
+        f"capacity             {r['capacity_fps']:.1f} decisions/s (camera at "
+        f"{r['capacity_offered_fps']:.0f} fps, {r['frames_in_flight']} frames in flight)",
         f"at {r['load']:.0%} ({r['offered_fps']:.0f} fps)  e2e p50 {r['e2e_p50_ms']:.3f} ms  "
         f"p99 {r['e2e_p99_ms']:.3f} ms  (target <= bare p99 + {TARGET_OVER_BARE_MS:g} ms = "
         f"{target:.3f}: {met})",

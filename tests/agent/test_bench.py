@@ -36,6 +36,9 @@ def test_bench_with_two_cameras_reports_each_camera_each_process_and_each_stage(
     )
     assert r["cameras"] == 2
     assert r["frames_in_flight"] == 2
+    assert r["capacity_offered_fps"] == pytest.approx(
+        min(bench.MAX_FPS, bench.OFFER_OVER_BARE * 2 * r["bare_rps"]), rel=0.01
+    )
     assert set(r["per_camera_p99_ms"]) == {"cam1", "cam2"}
     assert set(r["staggered_per_camera_p99_ms"]) == {"cam1", "cam2"}
     assert all(v > 0 for v in r["per_camera_p99_ms"].values())
