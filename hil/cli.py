@@ -1,5 +1,5 @@
 """``hil``: list the HIL scenarios, run them against simulated or real devices, or run a
-bench (``hil bench fleet|drain|ingest|review``, :mod:`hil.bench`).
+bench (``hil bench fleet|drain|ingest|review|restart``, :mod:`hil.bench`).
 
 The library raises; this module turns its errors into one line on stderr and exit code 2.
 ``hil run`` exits 0 when every invariant held, 1 when one did not (or could not be
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     b = sub.add_parser(
         "bench",
-        help="run a bench: fleet, drain, ingest or review (its flags follow its name)",
+        help="run a bench: fleet, drain, ingest, review or restart (its flags follow its name)",
         epilog="example: hil bench review --decisions 100000 --devices 100 --json out.json\n"
         "         hil bench drain --help",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -12,6 +12,8 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
 - ``review`` (:mod:`~hil.bench.review`, :mod:`~hil.bench.review_timing`): the decision
   review at 1,000,000 decisions seeded by :mod:`~hil.bench.review_seed` (images from
   :mod:`~hil.bench.seed_images`).
+- ``restart`` (:mod:`~hil.bench.restart`): ``edge-agent run``'s hot path and companion
+  SIGKILLed in turn; the time to the next decision and to ``/healthz`` again.
 
 The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
 """
@@ -21,5 +23,6 @@ BENCHES = {
     "drain": "hil.bench.drain",
     "ingest": "hil.bench.ingest",
     "review": "hil.bench.review",
+    "restart": "hil.bench.restart",
 }
 """``hil bench`` name -> the module whose ``main(argv)`` runs it."""
