@@ -38,6 +38,7 @@ ENV_LAST_EXIT = "EDGEFLEET_HOTPATH_LAST_EXIT"
 ENV_RECOVER = "EDGEFLEET_RECOVER"
 EXIT_ERROR = 2
 _PR_SET_PDEATHSIG = 1
+
 _POLICIES = {"other": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}
 
 
@@ -133,17 +134,22 @@ def run_companion(config: AgentConfig, socket_path: Path) -> int:
     from runtime.profiles import load_profile  # noqa: PLC0415
 
     signals = _Signals()
+    client = ControlClient(socket_path)
+    long_client = ControlClient(socket_path)  # reloads and trials: the polls don't wait
+    link = HotPathLink(
+        client.call,
+        long_call=long_client.call,
+        device_id=config.agent.device_id,
+        state_dir=config.agent.state_dir,
+    )
     installer = None
     if config.uses_installer():
         installer = Installer(
             config.agent.state_dir,
             profile_name=load_profile(config.agent.profile).name,
             config=config.bundles.installer,
+            measure=link.trial,
         )
-    client = ControlClient(socket_path)
-    link = HotPathLink(
-        client.call, device_id=config.agent.device_id, state_dir=config.agent.state_dir
-    )
     companion = Companion(config, link, installer=installer, split=True).start()
     for p in companion.problems:
         print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr, flush=True)
@@ -152,6 +158,7 @@ def run_companion(config: AgentConfig, socket_path: Path) -> int:
     finally:
         companion.stop()
         client.close()
+        long_client.close()
     return 0
 
 

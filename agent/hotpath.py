@@ -31,6 +31,10 @@ from agent.config import AgentConfig
 from agent.control.protocol import ControlError
 from agent.decisionlog import DecisionLog
 from agent.installer import Installer
+from agent.installer.checks import measure_in_pool
+from agent.installer.errors import InstallError
+from agent.kernel.bundle import load_bundle
+from agent.kernel.errors import BundleError
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision
 from agent.pipelines import Pipelines
@@ -44,6 +48,7 @@ from agent.status import (
     readiness,
     update_hotpath_gauges,
 )
+from runtime import PoolConfig
 from runtime.profiles import load_profile
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,9 @@ ALARM_QUEUE_BOUND = 64
 """Alarms kept for the companion to collect; older ones are folded into a count."""
 
 Alarm = Callable[[str, str], None]
+
+MAX_TRIAL_RUNS = 1000
+MAX_TRIAL_TIMEOUT_MS = 600_000
 
 
 class AlarmQueue:
@@ -255,6 +263,37 @@ class HotPath:
         except RuntimeError as exc:
             raise ControlError(str(exc)) from None
 
+    def _trial(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Load, warm up and self-benchmark a staged bundle for the installer (which runs
+        in the companion) where the model will run: a one-worker pool of this process, its
+        worker at the priority of the live workers. The bundle must be under the state
+        directory.
+
+        Raises:
+            ControlError: the path is outside the state directory, or runs or the timeout
+                out of range.
+        """
+        root = self.state_dir.resolve()
+        path = Path(str(args["bundle"])).resolve()
+        if not path.is_relative_to(root):
+            raise ControlError(f"trial: {path} is not under the state directory {root}")
+        runs, timeout_ms = int(args["runs"]), int(args["timeout_ms"])
+        if not 1 <= runs <= MAX_TRIAL_RUNS or not 1 <= timeout_ms <= MAX_TRIAL_TIMEOUT_MS:
+            raise ControlError(
+                f"trial: runs must be 1..{MAX_TRIAL_RUNS} and timeout_ms "
+                f"1..{MAX_TRIAL_TIMEOUT_MS}"
+            )
+        try:
+            bundle = load_bundle(path)
+            bench = measure_in_pool(
+                bundle, PoolConfig(workers=1, pin=False), runs=runs, timeout_s=timeout_ms / 1000
+            )
+        except InstallError as exc:
+            return {"error": {"step": exc.step, "reason": exc.reason, "name": exc.name}}
+        except BundleError as exc:
+            return {"error": {"step": "load", "reason": str(exc), "name": ""}}
+        return {"bench": dataclasses.asdict(bench)}
+
     def _reload(self) -> None:
         self.reload()
 
@@ -271,6 +310,7 @@ class HotPath:
             "reload_if_changed": lambda _a: self.reload_if_changed(),
             "bundle_health": self._bundle_health,
             "live": lambda _a: dataclasses.asdict(self.sink.live.snapshot()),
+            "trial": self._trial,
             "alarms": lambda a: {
                 "alarms": self.alarms.take(int(a["max"])),
                 "dropped": self.alarms.dropped,

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.control.protocol import ControlError
+from agent.installer.checks import BenchResult
+from agent.installer.errors import InstallError
+from agent.kernel.bundle import Bundle
 from agent.livelatency import LiveLoad
 
 RELOAD_TIMEOUT_S = 120.0
@@ -42,8 +45,11 @@ def _pair(value: Any, op: str) -> tuple[bool, dict[str, Any]]:
 class HotPathLink:
     """The hot path, as the companion calls it."""
 
-    def __init__(self, call: Call, *, device_id: str, state_dir: Path) -> None:
+    def __init__(
+        self, call: Call, *, device_id: str, state_dir: Path, long_call: Call | None = None
+    ) -> None:
         self._call = call
+        self._long_call = long_call or call
         self._device_id = device_id
         self._state_dir = Path(state_dir)
 
@@ -58,11 +64,11 @@ class HotPathLink:
 
     def reload(self) -> None:
         """Raises: ControlError: refused, or the hot path can't be reached."""
-        self._call("reload", timeout_s=RELOAD_TIMEOUT_S)
+        self._long_call("reload", timeout_s=RELOAD_TIMEOUT_S)
 
     def reload_if_changed(self) -> bool:
         """Raises: ControlError: refused, or the hot path can't be reached."""
-        return bool(self._call("reload_if_changed", timeout_s=RELOAD_TIMEOUT_S))
+        return bool(self._long_call("reload_if_changed", timeout_s=RELOAD_TIMEOUT_S))
 
     def bundle_health(self, bundle: str) -> Mapping[str, float]:
         """Raises: RuntimeError: no running pipeline uses the bundle, or the hot path
@@ -74,6 +80,38 @@ class HotPathLink:
         if not isinstance(answer, dict):
             raise TypeError("bundle_health: the answer is not an object")
         return {str(k): float(v) for k, v in answer.items()}
+
+    def trial(self, bundle: Bundle, runs: int, run_timeout_s: float) -> BenchResult:
+        """The installer's load, warm-up and self-benchmark of a staged bundle, run by
+        the hot path (:data:`agent.installer.installer.Measure`).
+
+        Raises:
+            InstallError: step "load" or "benchmark" (what the hot path found, or that
+                it could not be asked).
+        """
+        name = bundle.manifest.name
+        timeout_s = RELOAD_TIMEOUT_S + runs * run_timeout_s
+        try:
+            answer = self._long_call(
+                "trial",
+                timeout_s=timeout_s,
+                bundle=str(bundle.path),
+                runs=runs,
+                timeout_ms=max(1, round(run_timeout_s * 1000)),
+            )
+        except ControlError as exc:
+            why = f"the hot path did not run the trial: {exc.reason}"
+            raise InstallError("load", why, name) from exc
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+            err = answer["error"]
+            raise InstallError(str(err.get("step", "load")), str(err.get("reason", "")), name)
+        bench = answer.get("bench") if isinstance(answer, dict) else None
+        if not isinstance(bench, dict):
+            raise InstallError("benchmark", "the hot path's trial answer has no figures", name)
+        try:
+            return BenchResult(**bench)
+        except TypeError as exc:
+            raise InstallError("benchmark", f"the hot path's figures: {exc}", name) from exc
 
     # -- status -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ OPS: dict[str, dict[str, type]] = {
     "bundle_health": {"bundle": str},
     "alarms": {"max": int},
     "live": {},
+    "trial": {"bundle": str, "runs": int, "timeout_ms": int},
 }
 """Every operation the hot path answers, with its arguments and their types."""
 

@@ -140,6 +140,21 @@ def self_benchmark(trial: Trial, *, runs: int) -> BenchResult:
     return result
 
 
+def measure_in_pool(
+    bundle: Bundle, pool_config: PoolConfig, *, runs: int, timeout_s: float
+) -> BenchResult:
+    """:func:`open_trial` and :func:`self_benchmark` in a pool of its own, closed after.
+
+    Raises:
+        InstallError: step "load" or "benchmark".
+    """
+    trial = open_trial(bundle, pool_config, timeout_s=timeout_s)
+    try:
+        return self_benchmark(trial, runs=runs)
+    finally:
+        trial.close()
+
+
 class PoolProbe:
     """The default health probe: every call runs the sample a few times in the trial's
     pool and returns counters since the probe was made (see :mod:`.health`)."""

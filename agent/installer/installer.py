@@ -33,6 +33,14 @@ from runtime import PoolConfig
 
 log = logging.getLogger(__name__)
 
+Measure = Callable[[Bundle, int, float], checks.BenchResult]
+"""``measure(staged, runs, run_timeout_s)``: load and warm up a staged bundle, then run
+its sample ``runs`` times (:func:`checks.measure_in_pool` does it here).
+
+Raises:
+    InstallError: step "load" or "benchmark", as :func:`checks.open_trial` and
+        :func:`checks.self_benchmark`."""
+
 
 class Installer:
     """Installs verified bundles into A/B slots under ``<state_dir>/bundles``."""
@@ -46,12 +54,17 @@ class Installer:
         config: InstallerConfig | None = None,
         pool_config: PoolConfig | None = None,
         checkpoint: Callable[[str], None] | None = None,
+        measure: Measure | None = None,
     ) -> None:
         self.root = Path(state_dir) / "bundles"
         self.profile_name = profile_name
         self.on_report = on_report
         self.config = config or InstallerConfig()
         self.pool_config = pool_config or PoolConfig(workers=1, pin=False)
+        self.measure = measure
+        """Load, warm up and self-benchmark a staged bundle elsewhere (the agent's hot
+        path, where the model will run, at its priority); used when the caller watches
+        the health window with its own probe. None: in a one-worker pool here."""
         self._checkpoint = checkpoint
         self.report_errors = 0
 
@@ -218,14 +231,21 @@ class Installer:
             staged = slots.stage(src, path, progress=lambda _f, _n: self._cp("stage-write"))
             step = Step.LOAD
             j = self._enter(d, j, step)
-            trial = checks.open_trial(staged, self.pool_config, timeout_s=cfg.run_timeout_s)
-            step = Step.BENCHMARK
-            j = self._enter(d, j, step)
-            bench = checks.self_benchmark(trial, runs=cfg.benchmark_runs)
-            watch = probe if probe is not None else checks.PoolProbe(trial)
-            if probe is not None:  # the caller watches the bundle where it really runs
-                trial.close()
-                trial = None
+            if self.measure is not None and probe is not None:
+                # where the model will run; the caller watches it there too
+                bench = self.measure(staged, cfg.benchmark_runs, cfg.run_timeout_s)
+                step = Step.BENCHMARK
+                j = self._enter(d, j, step)
+                watch: health.HealthProbe = probe
+            else:
+                trial = checks.open_trial(staged, self.pool_config, timeout_s=cfg.run_timeout_s)
+                step = Step.BENCHMARK
+                j = self._enter(d, j, step)
+                bench = checks.self_benchmark(trial, runs=cfg.benchmark_runs)
+                watch = probe if probe is not None else checks.PoolProbe(trial)
+                if probe is not None:  # the caller watches the bundle where it really runs
+                    trial.close()
+                    trial = None
             step = Step.SWITCH
             j = self._enter(d, j, step)
             store.write_pointer(
