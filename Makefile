@@ -78,8 +78,9 @@ demo: sysdeps $(STAMP) $(MODELS)
 # The README's tables: runtime targets (median of 5 rounds), the agent's hot path at 60 %
 # of capacity against the bare runtime, the decision-log writer against raw executemany,
 # a fleet of 1,000 TLS agents under a rollout, the outbox's drain after an outage against
-# live latency, and the console's decision review at 1,000,000 decisions (SQLite, then
-# PostgreSQL).
+# live latency, edge-agent run's recovery from a SIGKILLed hot path and companion (3 kills
+# of each, under a minute), and the console's decision review at 1,000,000 decisions
+# (SQLite, then PostgreSQL).
 bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-runtime targets $(BENCH_MODEL) --rounds 5 --duration 3 --json .cache/bench.json
 	$(PY) -m hil.demo_assets --dir $(DEMO) --models .cache/models
@@ -89,6 +90,8 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 	$(VENV)/bin/hil bench drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
+	$(VENV)/bin/hil bench restart --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
+	  --kills 3 --json .cache/bench-restart.json
 	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --json .cache/bench-review.json
 	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --postgres \
 	  --json .cache/bench-review-pg.json
