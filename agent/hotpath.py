@@ -280,8 +280,7 @@ class HotPath:
         runs, timeout_ms = int(args["runs"]), int(args["timeout_ms"])
         if not 1 <= runs <= MAX_TRIAL_RUNS or not 1 <= timeout_ms <= MAX_TRIAL_TIMEOUT_MS:
             raise ControlError(
-                f"trial: runs must be 1..{MAX_TRIAL_RUNS} and timeout_ms "
-                f"1..{MAX_TRIAL_TIMEOUT_MS}"
+                f"trial: runs must be 1..{MAX_TRIAL_RUNS} and timeout_ms 1..{MAX_TRIAL_TIMEOUT_MS}"
             )
         try:
             bundle = load_bundle(path)

@@ -127,8 +127,9 @@ def test_malformed_oversized_unknown_and_ill_typed_requests_are_refused_and_reac
         sock.sendall(struct.pack(">I", MAX_REQUEST_BYTES + 1))
         too_big = _answer(sock)
         assert too_big["ok"] is False
-        assert f"{MAX_REQUEST_BYTES + 1} bytes is over the limit of {MAX_REQUEST_BYTES}" in (
-            too_big["error"]
+        assert (
+            f"{MAX_REQUEST_BYTES + 1} bytes is over the limit of {MAX_REQUEST_BYTES}"
+            in (too_big["error"])
         )
         assert sock.recv(1) == b"", "the stream is closed after an oversized frame"
     assert recorder.calls == [("hello", {})]
