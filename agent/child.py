@@ -5,6 +5,8 @@
   reloads the pipelines (after a side-load), SIGTERM stops it in order.
 - ``companion``: :class:`agent.companion.Companion`, reaching the hot path through the
   control channel's client. SIGTERM stops it.
+- ``hotpath --standby``: a hot path started ahead (its interpreter and imports done)
+  that waits on stdin until the supervisor tells it to take over from one that died.
 
 Each takes its scheduling from the firmware profile's ``[processes]`` table: the hot path
 at its niceness, the companion below it (a higher niceness and SCHED_BATCH by default).
@@ -16,7 +18,9 @@ of earlier starts comes in the environment (:data:`ENV_SOCKET`, :data:`ENV_START
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -162,13 +166,51 @@ def run_companion(config: AgentConfig, socket_path: Path) -> int:
     return 0
 
 
+def name_process(role: str) -> None:
+    """``edgefleet-<role>`` as the process's name (``ps -o comm``, ``/proc/<pid>/comm``;
+    the runtime's workers are ``edgefleet-w<N>``): a standby that took over is then told
+    from the next standby, whose command lines are the same."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(f"ef-{role}")
+
+
+def wait_as_standby() -> bool:
+    """A standby hot path: do the imports now, then wait for the supervisor's one line
+    on stdin (``{"starts": N, "last_exit": "..."}``) and take over; False at the end of
+    stdin (the supervisor stopped or no longer needs a standby)."""
+    import agent.control.server  # noqa: PLC0415 - the point: imported before it is needed
+    import agent.hotpath  # noqa: F401, PLC0415
+
+    line = sys.stdin.buffer.readline(4096)
+    if not line.strip():
+        return False
+    try:
+        go = json.loads(line)
+        starts, last_exit = int(go["starts"]), str(go["last_exit"])
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"edge-agent hotpath: bad take-over line from the supervisor: {exc}", file=sys.stderr)
+        return False
+    os.environ[ENV_STARTS] = str(starts)
+    os.environ[ENV_LAST_EXIT] = last_exit
+    os.environ[ENV_RECOVER] = "0"
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.child")
     parser.add_argument("role", choices=("hotpath", "companion"))
     parser.add_argument("--config", required=True)
     parser.add_argument("--echo", action="store_true")
+    parser.add_argument(
+        "--standby", action="store_true", help="hotpath: wait on stdin to take over"
+    )
     args = parser.parse_args(argv)
     die_with_parent()
+    if args.standby:
+        name_process("standby")
+        if not wait_as_standby():
+            return 0
+    name_process(args.role)
     try:
         config = load_config(Path(args.config))
     except EdgefleetError as exc:

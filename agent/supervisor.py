@@ -4,7 +4,9 @@ the companion (:func:`agent.child.run_companion`), and restarts either when it d
 
 - the hot path at once (after :data:`HOTPATH_BACKOFF_S` only while it keeps dying within
   :data:`CRASH_LOOP_S` of its start), telling the new one how the last one ended; the
-  companion reports that to the fleet as a ``crash`` event;
+  companion reports that to the fleet as a ``crash`` event. With the profile's
+  ``standby_hotpath``, a second hot path waits ready (interpreter and imports done) and
+  takes over, so a restart costs the pool's and the cameras' start only;
 - the companion with a backoff from 1 s doubling to :data:`COMPANION_BACKOFF_MAX_S`; the
   line keeps deciding while it is down.
 
@@ -35,6 +37,7 @@ from agent.child import ENV_LAST_EXIT, ENV_RECOVER, ENV_SOCKET, ENV_STARTS
 from agent.config import AgentConfig
 from agent.control.client import ControlClient
 from agent.control.protocol import ControlError
+from runtime.profiles import load_profile
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ HOTPATH_READY_S = 60.0
 CRASH_LOOP_S = 10.0
 HOTPATH_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
 COMPANION_BACKOFF_MAX_S = 30.0
+STANDBY_DELAY_S = 5.0
+"""A standby hot path is started this long after the hot path (or after it took over)."""
 STOP_S = 6.0
 """How long a child gets after SIGTERM before SIGKILL."""
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
@@ -88,8 +93,12 @@ class Supervisor:
         self.socket_path = self._socket_path(config.agent.state_dir)
         base = [sys.executable, "-m", "agent.child"]
         cfg = ["--config", str(Path(config_path).resolve())]
-        self.hotpath = _Child("hotpath", [*base, "hotpath", *cfg, *(["--echo"] if echo else [])])
+        hot = [*base, "hotpath", *cfg, *(["--echo"] if echo else [])]
+        self.hotpath = _Child("hotpath", hot)
         self.companion = _Child("companion", [*base, "companion", *cfg])
+        self.standby = _Child("standby", [*hot, "--standby"])
+        self.use_standby = load_profile(config.agent.profile).processes.standby_hotpath
+        self.standby.restart_at = float("inf")
         self.client = ControlClient(self.socket_path)
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
@@ -114,15 +123,46 @@ class Supervisor:
     def _spawn(self, child: _Child) -> None:
         child.starts += 1
         child.started_at = time.monotonic()
-        child.proc = subprocess.Popen(child.argv, env=self._env(child))
+        stdin = subprocess.PIPE if child is self.standby else None
+        child.proc = subprocess.Popen(child.argv, env=self._env(child), stdin=stdin)
         log.info("%s started (pid %d, start %d)", child.role, child.proc.pid, child.starts)
 
-    def _reap(self, child: _Child, now: float) -> None:
+    def _start_hotpath(self, now: float) -> None:
+        """Hand over to the standby when one waits (its imports are done), else start a
+        new process; a new standby follows after :data:`STANDBY_DELAY_S`, so that its
+        start does not compete with the new hot path's."""
+        standby, hot = self.standby, self.hotpath
+        proc = standby.proc
+        if proc is not None and proc.poll() is None and proc.stdin is not None:
+            go = {"starts": hot.starts + 1, "last_exit": hot.last_exit}
+            try:
+                proc.stdin.write(json.dumps(go).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError as exc:
+                log.error("the standby hot path did not take over: %s", exc)  # noqa: TRY400
+            else:
+                hot.starts += 1
+                hot.started_at = now
+                hot.proc, standby.proc = proc, None
+                standby.restart_at = now + STANDBY_DELAY_S
+                log.info(
+                    "the standby took over as hot path (pid %d, start %d)", proc.pid, hot.starts
+                )
+                return
+        self._spawn(hot)
+        if self.use_standby:
+            standby.restart_at = now + STANDBY_DELAY_S
+
+    def _reap(self, child: _Child, now: float, restart_in: float | None = None) -> None:
         """Note a child that exited and when it is started again."""
         proc = child.proc
         if proc is None or proc.poll() is None:
             return
         child.proc = None
+        if restart_in is not None:
+            child.restart_at = now + restart_in
+            log.error("%s %s", child.role, describe_exit(int(proc.returncode)))
+            return
         child.last_exit = describe_exit(int(proc.returncode))
         child.exits.append(child.last_exit)
         quick = now - child.started_at < CRASH_LOOP_S
@@ -158,6 +198,8 @@ class Supervisor:
             log.error("the hot path did not answer within %.0f s", HOTPATH_READY_S)
         deadline = time.monotonic() + duration_s if duration_s else None
         self._spawn(self.companion)
+        if self.use_standby:
+            self.standby.restart_at = time.monotonic() + STANDBY_DELAY_S
         while not self.stop_event.wait(POLL_S):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -165,10 +207,16 @@ class Supervisor:
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self._signal(self.hotpath, signal.SIGHUP)
-            for child in (self.hotpath, self.companion):
-                self._reap(child, now)
-                if child.proc is None and now >= child.restart_at:
-                    self._spawn(child)
+            self._reap(self.hotpath, now)
+            if self.hotpath.proc is None and now >= self.hotpath.restart_at:
+                self._start_hotpath(now)
+            self._reap(self.companion, now)
+            if self.companion.proc is None and now >= self.companion.restart_at:
+                self._spawn(self.companion)
+            if self.use_standby:
+                self._reap(self.standby, now, restart_in=STANDBY_DELAY_S)
+                if self.standby.proc is None and now >= self.standby.restart_at:
+                    self._spawn(self.standby)
 
     def stats(self) -> dict[str, Any] | None:
         """The hot path's counters (``--stats``), or None when it does not answer."""
@@ -182,7 +230,11 @@ class Supervisor:
     def stop(self) -> None:
         """Companion first, then the hot path; SIGKILL after :data:`STOP_S`."""
         self.client.close()
-        for child in (self.companion, self.hotpath):
+        standby = self.standby.proc
+        if standby is not None and standby.stdin is not None:
+            with contextlib.suppress(OSError):
+                standby.stdin.close()  # the end of stdin: a standby exits
+        for child in (self.companion, self.hotpath, self.standby):
             self._signal(child, signal.SIGTERM)
             proc = child.proc
             if proc is None:

@@ -110,6 +110,14 @@ class ProcessesConfig(BaseModel):
             "HTTP, stats), 0..19: higher yields more CPU to the hot path."
         ),
     )
+    standby_hotpath: StrictBool = Field(
+        default=True,
+        description=(
+            "Keep a second hot-path process started and waiting (interpreter and imports "
+            "done, ~100 MB) so that a hot path that dies is replaced in the time its pool "
+            "and cameras take to start, not a new interpreter's too."
+        ),
+    )
     companion_sched: Literal["other", "batch", "idle"] = Field(
         default="batch",
         description=(

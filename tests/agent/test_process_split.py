@@ -58,6 +58,14 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float =
 # -- the device -------------------------------------------------------------------------
 
 
+def _comm(pid: str) -> str:
+    """A process's name (``/proc/<pid>/comm``; the agent's children are ``ef-<role>``)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 class Device:
     """One agent's directory: its config, state and log, and ``edge-agent run``."""
 
@@ -150,8 +158,8 @@ class Device:
                     argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue  # it ended
-                if b"agent.child" in argv:
-                    found[argv[argv.index(b"agent.child") + 1].decode()] = int(kid)
+                if b"agent.child" in argv:  # named ef-<role> (a standby: ef-standby)
+                    found[_comm(kid).removeprefix("ef-")] = int(kid)
         return found
 
     def child(self, role: str) -> int | None:

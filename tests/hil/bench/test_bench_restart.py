@@ -42,11 +42,15 @@ def test_one_kill_of_each_process_is_measured_and_the_agent_recovers(tmp_path: P
     r = json.loads(out.read_text())
     assert r["kills"] == 1
     assert r["companion_kills"] == 1
-    for key in ("hotpath_to_decision_s", "hotpath_to_logged_s", "hotpath_respawn_s",
-                "hotpath_exec_to_start_s", "hotpath_start_to_decision_s",
+    for key in ("hotpath_to_decision_s", "hotpath_to_logged_s",
+                "hotpath_start_to_decision_s",
                 "companion_to_healthz_s", "companion_respawn_s"):  # fmt: skip
         assert len(r[key]) == 1, key
         assert r[key][0] > 0, (key, r[key])
+    # the profile keeps a standby hot path, started before the kill: it took over
+    assert r["hotpath_standby_takeovers"] == 1
+    assert r["hotpath_respawn_s"][0] < 0
+    assert r["hotpath_exec_to_start_s"] == []
     assert r["hotpath_to_decision_median_s"] == r["hotpath_to_decision_max_s"] > 0
     assert r["companion_to_healthz_median_s"] == r["companion_to_healthz_max_s"] > 0
     # the decision is in the log after it was made; the companion waits out its backoff
