@@ -90,6 +90,8 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 	$(VENV)/bin/hil bench drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
+	$(VENV)/bin/hil bench drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
+	  --backlog 100000 --duration 20 --single-process --json .cache/bench-drain-single.json
 	$(VENV)/bin/hil bench restart --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --kills 3 --json .cache/bench-restart.json
 	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --json .cache/bench-review.json

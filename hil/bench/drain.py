@@ -6,25 +6,29 @@ The fleet side runs in a child process (:mod:`hil.bench.drain_fleet`) at the low
 CPU priority (nice 19, SCHED_IDLE where allowed: it stands for a remote server): a fleet
 server with its managed Mosquitto (TLS), one ingest worker and an SQLite fleet database,
 and in front of the broker a TCP forwarder, the network link the bench cuts and restores.
-The device (:mod:`hil.bench.drain_device`) is a real :class:`agent.app.Agent`,
-enrolled through the API, running its hot path (capture -> pool -> post-processing ->
-policy -> decision log) on a looped video at ``load`` x its capacity (measured unpaced
-first, as ``edge-agent bench`` does), its uplink enabled towards the forwarder with the
-drain settings of :class:`agent.uplink.UplinkConfig` (defaults unless overridden).
+The device (:mod:`hil.bench.drain_device`) runs as the product runs it: ``edge-agent run
+--config F`` as a subprocess, the supervisor with its hot path (capture -> pool ->
+post-processing -> policy -> decision log) and its companion (the uplink, its drain
+paced by the hot path's live p99 over the control channel); ``--single-process``
+(``mode``) runs ``edge-agent run --single-process`` instead, for comparison. It is
+enrolled through the API and decides on a looped video at ``load`` x its capacity
+(measured first, camera unpaced, in the same mode), its uplink towards the forwarder
+with the drain settings of :class:`agent.uplink.UplinkConfig` (defaults unless
+overridden).
 
 1. Backlog: ``backlog`` decisions shaped like the agent's own (a decision of the
-   calibration run, with fresh ids, times and input digests) go into the decision log,
-   not uploaded: what the device decided during an outage.
+   calibration run, with fresh ids, times and input digests) go into the decision log
+   before the agent starts, not uploaded: what the device decided during an outage.
 2. Idle: the link is down, the agent decides for ``duration_s``; its decisions and the
-   health reports piling up in the outbox join the backlog. Live e2e p99 (capture
-   timestamp to decision) while nothing drains.
-3. Drain: the link comes back; live e2e p99 from link-up until the last backlog record
-   (every decision made before link-up, every outbox record queued before it) is
-   stored in the fleet database.
+   health reports piling up in the outbox join the backlog.
+3. Drain: the link comes back, until the last backlog record (every decision made
+   before link-up, every outbox record queued before it) is stored in the fleet database.
 
-Drain rate = backlog records / seconds from link-up to the last one stored. The fleet's
-copy is checked at the end: backlog decisions missing from it, stored twice, and the
-ingest worker's ``duplicates`` counter.
+The live latency of each phase is read from the device's decision log (read only): the
+``e2e_ms`` (capture timestamp to decision) of the rows decided in the idle window and in
+the drain window. Drain rate = backlog records / seconds from link-up to the last one
+stored. The fleet's copy is checked at the end: backlog decisions missing from it,
+stored twice, and the ingest worker's ``duplicates`` counter.
 """
 
 from __future__ import annotations
@@ -47,21 +51,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.app import Agent
-from agent.decisionlog.connection import connect_reader
 from agent.enrollment.identity import enroll
 from agent.errors import AgentError
 from agent.kernel.errors import EdgefleetError
 from agent.uplink import UplinkConfig
+from agent.uplink.outbox import KIND_EVENT, KIND_HEALTH
 from agent.wire.messages import error_text
 from hil.bench.drain_device import (
+    COMMIT_S,
+    MODES,
     Cpu,
-    Latency,
-    agent_config,
+    DeviceAgent,
+    agent_data,
     calibrate,
-    pace_by_hot_path,
+    load_average,
     prefill,
-    start_agent,
     wait_phase,
 )
 from hil.bench.drain_fleet import DEVICE_ID, FLEET_START_S, DrainBenchError, FleetSide
@@ -134,35 +138,29 @@ def _check(fleet_db: Path, device_log: Path, before: float) -> dict[str, int]:
 
 
 def _drain_phase(
-    agent: Agent, fleet: FleetSide, lat: Latency, timeout_s: float, bars: bool
+    agent: DeviceAgent, fleet: FleetSide, timeout_s: float, bars: bool
 ) -> dict[str, Any]:
     """Restore the link; wait until the backlog is stored (or ``timeout_s``)."""
-    uplink = agent.uplink
-    if uplink is None:
-        raise DrainBenchError("the agent's uplink did not start")
-    queued = uplink.stats()["outbox"]["pending_by_kind"]
-    outbox_records = int(queued["health"]) + int(queued["event"])
+    outbox_records = agent.outbox_records(KIND_HEALTH, KIND_EVENT)
+    links = int(fleet.call("status")["connections"])
     before = time.time()
     t_up = time.monotonic()
     fleet.call("restore")
-    time.sleep(0.05)  # a decision stamped before link-up reaches the log's queue
-    if not agent.log.flush(10.0):
-        raise DrainBenchError("the decision log did not commit in 10 s")
-    with contextlib.closing(connect_reader(agent.log.path)) as conn:
-        sql = "SELECT count(*) FROM decisions WHERE decision_time < ?"
-        expected = int(conn.execute(sql, (before,)).fetchone()[0])
     watch = _Watch(Path(fleet.hello["db"]), before)
     bar = Progress("drain (link up)", timeout_s, bars)
     connected = first = done = None
-    last = stored = others = 0
+    expected = last = stored = others = 0
     try:
         while (now := time.monotonic()) < t_up + timeout_s:
-            if connected is None and uplink.connected:
+            agent.check_alive()
+            if now < t_up + COMMIT_S or not expected:  # decided before link-up, committed
+                expected = agent.count(0.0, before)
+            if connected is None and int(fleet.call("status")["connections"]) > links:
                 connected = now
             stored, others = watch.counts()
             if first is None and stored:
                 first = now
-            if stored >= expected and others >= outbox_records:
+            if now >= t_up + COMMIT_S and stored >= expected and others >= outbox_records:
                 done = now
                 break
             near = stored - last >= expected - stored
@@ -176,6 +174,7 @@ def _drain_phase(
     records = stored + min(others, outbox_records)
     return {
         "before": before,
+        "after": before + (end - t_up),
         "backlog_outbox_records": outbox_records,
         "drained": done is not None,
         "drain_s": round(end - t_up, 3),
@@ -186,7 +185,6 @@ def _drain_phase(
             round(records / (end - first), 1) if first is not None and end > first else None
         ),
         "records_stored": records,
-        "uplink": {k: v for k, v in uplink.stats().items() if k != "outbox"},
     }
 
 
@@ -206,12 +204,14 @@ def bench_drain(
     progress: Callable[[str], None] = lambda _m: None,
     bars: bool = False,
     fleet_lowest: bool = True,
+    mode: str = "two-process",
 ) -> dict[str, Any]:
     """Run the scenario of the module docstring; the figures as a JSON-able dict.
     ``uplink``: settings of :class:`agent.uplink.UplinkConfig` to use instead of its
     defaults (``drain_rate_per_s``, ``decisions_batch``, ``drain_window`` ...).
     ``fleet_lowest``: the fleet side at the lowest CPU priority (it stands for a remote
-    server); False only to see what that priority costs the drain rate.
+    server); False only to see what that priority costs the drain rate. ``mode``: one of
+    :data:`hil.bench.drain_device.MODES`.
 
     Raises:
         DrainBenchError: bad arguments, or a part failed to start or run.
@@ -221,6 +221,8 @@ def bench_drain(
             f"backlog ({backlog}) must be >= 1, duration ({duration_s}) > 0, load ({load}) "
             f"in (0, 1] and fps ({fps}) > 0"
         )
+    if mode not in MODES:
+        raise DrainBenchError(f"mode {mode!r}: one of {', '.join(MODES)}")
     overrides = dict(uplink or {})
     try:
         settings = UplinkConfig(**overrides)
@@ -242,41 +244,49 @@ def bench_drain(
                        trust_dir=state / "trust")  # fmt: skip
             except AgentError as exc:
                 raise DrainBenchError(f"enrollment: {exc}") from exc
-            progress(f"enrolled {DEVICE_ID}; measuring the agent's capacity")
+            progress(f"enrolled {DEVICE_ID}; measuring the agent's capacity ({mode})")
             capacity, template = calibrate(
-                Path(bundle), video, root / "calibrate", workers, calibrate_s, bars
+                Path(bundle), video, root / "calibrate", workers, calibrate_s, mode, bars
             )
             offered = fps or max(1.0, load * capacity)
             link = {"enabled": True, "broker_host": "127.0.0.1",
                     "broker_port": fleet.hello["port"], "reconnect_max_s": 1}  # fmt: skip
-            cfg = agent_config(Path(bundle), video, offered, state, workers, overrides | link)
+            data = agent_data(Path(bundle), video, offered, state, workers, overrides | link)
+            agent = DeviceAgent(root / "run", data, mode)
             progress(f"capacity {capacity:.0f} decisions/s; writing a backlog of {backlog}")
             t0 = time.monotonic()
-            prefill(cfg, template, backlog, offered)
+            prefill(agent.config, template, backlog, offered)
             prefill_s = time.monotonic() - t0
             fleet.call("cut")
-            progress(f"link down; the agent decides at {offered:.0f} fps")
-            lat = Latency()
-            agent = start_agent(cfg, lat.record)
+            progress(f"link down; edge-agent run ({mode}) decides at {offered:.0f} fps")
+            agent.start()
             try:
-                pace_by_hot_path(agent)
-                lat.take()
-                cpu = Cpu()
+                cpu = Cpu(agent)
+                load_idle = load_average()
+                idle_t0 = time.time()
                 wait_phase(duration_s, "idle (link down)", bars, lambda: "backlog waits")
-                idle, idle_cpu = lat.take(), cpu.take(duration_s)
+                idle_t1 = time.time()
+                idle_cpu = cpu.take(idle_t1 - idle_t0)
                 progress("link up: draining")
-                drain = _drain_phase(agent, fleet, lat, drain_timeout_s, bars)
-                live, drain_cpu = lat.take(), cpu.take(drain["drain_s"])
+                drain = _drain_phase(agent, fleet, drain_timeout_s, bars)
+                drain_cpu = cpu.take(drain["drain_s"])
+                load_drain = load_average()
+                uplink_figures = agent.uplink_figures()
             finally:
-                agent.stop()
-            check = _check(Path(fleet.hello["db"]), agent.log.path, drain.pop("before"))
+                exit_code = agent.stop()
+            idle = agent.latency(idle_t0, idle_t1)
+            live = agent.latency(drain["before"], drain.pop("after"))
+            check = _check(Path(fleet.hello["db"]), agent.log_path, drain.pop("before"))
         finally:
             ingest = fleet.close().get("ingest", [])
     ratio = live["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else 0.0
     records = check["backlog_decisions"] + drain["backlog_outbox_records"]
     rate = drain["records_per_s"] if drain["drained"] else 0.0
     return {
+        "mode": mode,
         "machine": _machine(),
+        "load_average": {"idle_start": load_idle, "drain_end": load_drain},
+        "agent_exit_code": exit_code,
         "model": template["model_name"],
         "model_version": template["model_version"],
         "capacity_fps": round(capacity, 1),
@@ -298,6 +308,7 @@ def bench_drain(
         "drain_p50_ms": live["p50_ms"],
         "drain_p99_ms": live["p99_ms"],
         "p99_ratio": round(ratio, 3),
+        "uplink": uplink_figures,
         "fleet_priority": fleet.hello.get("priority", ""),
         "cpu_idle": idle_cpu,
         "cpu_drain": drain_cpu,
@@ -331,7 +342,7 @@ def format_report(r: dict[str, Any]) -> str:
     first = r["first_stored_s"]
     return "\n".join(
         [
-            f"machine: {m['cores']} cores, {m['cpu']}",
+            f"machine: {m['cores']} cores, {m['cpu']}; edge-agent run as {r['mode']}",
             f"agent: {r['model']} {r['model_version']}, capacity {r['capacity_fps']:.0f} "
             f"decisions/s, live at {r['offered_fps']:.0f} fps",
             f"backlog: {r['backlog_written']} decisions written + {r['backlog_decided_offline']} "
@@ -346,26 +357,21 @@ def format_report(r: dict[str, Any]) -> str:
             f"live e2e: idle p99 {r['idle_p99_ms']:.3f} ms (p50 {r['idle_p50_ms']:.3f}, "
             f"{r['idle_decisions']} decisions), during drain p99 {r['drain_p99_ms']:.3f} ms "
             f"(p50 {r['drain_p50_ms']:.3f}, {r['drain_decisions']}) = x{r['p99_ratio']:.2f}",
-            f"CPU: idle {r['cpu_idle']['machine_busy_pct']} % of the machine (agent process "
-            f"{r['cpu_idle']['agent_process_cores']} cores), drain "
-            f"{r['cpu_drain']['machine_busy_pct']} % ({r['cpu_drain']['agent_process_cores']})",
+            f"CPU: idle {_cpu_text(r['cpu_idle'])}; drain {_cpu_text(r['cpu_drain'])}",
+            f"load average (1, 5, 15 min): {r['load_average']['idle_start']} at the idle "
+            f"phase's start, {r['load_average']['drain_end']} at the drain's end",
             f"fleet side (stands for a remote server): {r['fleet_priority'] or 'default priority'}",
             "uplink: " + ", ".join(f"{k} {v}" for k, v in s.items()),
-            _pacing_line(r["uplink"].get("drain_pacing") or {}),
+            "uplink delivered: " + ", ".join(f"{k} {v}" for k, v in r["uplink"].items()),
             f"target >= {r['target_records_per_s']:.0f} records/s and p99 ratio < "
             f"{r['target_p99_ratio']:.2f}: {verdict} ({parts})",
         ]
     )
 
 
-def _pacing_line(p: dict[str, Any]) -> str:
-    if not p:
-        return "drain pacing: not reported"
-    return (
-        f"drain pacing: {p['mode']}, at the end {p['rate_per_s']} records/s ({p['reason']}); "
-        f"idle p99 {p['baseline_p99_ms']} ms, x{p['target_ratio']} allowed; "
-        f"{p['increases']} increases, {p['decreases']} decreases"
-    )
+def _cpu_text(c: dict[str, Any]) -> str:
+    procs = ", ".join(f"{k} {v}" for k, v in c["processes_cores"].items())
+    return f"{c['machine_busy_pct']} % of the machine, agent {c['agent_cores']} cores ({procs})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-priority", choices=("lowest", "default"), default="lowest",
                         help="the fleet side's CPU priority: lowest (nice 19, SCHED_IDLE; "
                         "it stands for a remote server) or default (what that costs)")  # fmt: skip
+    parser.add_argument("--single-process", action="store_true",
+                        help="run the agent as edge-agent run --single-process (for "
+                        "comparison; default: the supervisor and its two processes)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     args = parser.parse_args(argv)
@@ -413,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             load=args.load, fps=args.fps, uplink=uplink, workers=args.workers,
             drain_timeout_s=args.drain_timeout, progress=say, bars=not args.quiet,
             fleet_lowest=args.fleet_priority == "lowest",
+            mode="single-process" if args.single_process else "two-process",
         )  # fmt: skip
     except EdgefleetError as exc:
         print(f"bench-drain: error: {exc}", file=sys.stderr)

@@ -63,9 +63,10 @@ class DrainBenchError(FleetError):
 
 def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
     """The child process: start the fleet server (ingest only) and the link, send
-    ``{url, token, port, db, priority}``, then answer ``"cut"``, ``"restore"`` and ``"stop"`` (the
-    last with the ingest workers' counters) until stopped, the parent gone, or
-    ``spec["max_s"]`` passed. A failure is sent as ``{"error": ...}``."""
+    ``{url, token, port, db, priority}``, then answer ``"cut"``, ``"restore"``, ``"status"``
+    (each with the link's ``connections`` so far) and ``"stop"`` (with the ingest
+    workers' counters) until stopped, the parent gone, or ``spec["max_s"]`` passed. A
+    failure is sent as ``{"error": ...}``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     priority = lowest_priority() if spec.get("lowest", True) else "default priority (asked)"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops this in order
@@ -104,10 +105,10 @@ def fleet_process(spec: dict[str, Any], conn: Connection) -> None:
                     link.cut()
                 elif command == "restore":
                     link.start()
-                else:
+                elif command != "status":
                     conn.send({"error": f"unknown command {command!r}"})
                     continue
-                conn.send({"ok": command})
+                conn.send({"ok": command, "connections": link.connections})
             link.cut()
             workers = [w for s in built if isinstance(s, IngestService) for w in s.workers]
         conn.send({"ingest": [asdict(w.stats()) for w in workers]})
@@ -175,7 +176,7 @@ class FleetSide:
         return answer
 
     def call(self, command: str) -> dict[str, Any]:
-        """Send ``"cut"`` or ``"restore"``; the answer.
+        """Send ``"cut"``, ``"restore"`` or ``"status"``; the answer.
 
         Raises:
             DrainBenchError: see :meth:`_answer`.

@@ -1,5 +1,6 @@
-"""The store-and-forward drain bench at a small size, run as `make bench` runs it: every
-backlog decision reaches the fleet database once, and both latency phases have figures."""
+"""The store-and-forward drain bench at a small size, run as `make bench` runs it, with the
+agent as `edge-agent run` in two processes and in one: every backlog decision reaches the
+fleet database once, and both latency phases have figures from the device's decision log."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
 from tests.agent.installer.installer_helpers import make_bundle
 
@@ -34,8 +36,9 @@ def _bench(*args: str, timeout_s: float = 110) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.parametrize("mode", ["two-process", "single-process"])
 def test_the_backlog_is_stored_once_and_both_phases_have_latency_figures(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
     bundle = make_bundle(tmp_path)
     out = tmp_path / "drain.json"
@@ -43,9 +46,16 @@ def test_the_backlog_is_stored_once_and_both_phases_have_latency_figures(
         "--bundle", str(bundle.path), "--source", str(_video(tmp_path / "line.avi")),
         "--backlog", str(BACKLOG), "--duration", "2", "--workers", "1",
         "--drain-timeout", "60", "--set", "decisions_batch=100", "--json", str(out), "-q",
+        *(["--single-process"] if mode == "single-process" else []),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = json.loads(out.read_text())
+    assert r["mode"] == mode
+    assert r["agent_exit_code"] == 0  # stopped by SIGTERM, in order
+    # the CPU of each of edge-agent run's processes, by role
+    roles = set(r["cpu_drain"]["processes_cores"])
+    expected = {"supervisor", "hotpath", "companion"} if mode == "two-process" else {"agent"}
+    assert expected <= roles, roles
     assert r["drained"] is True, r
     assert r["backlog_written"] == BACKLOG
     assert r["backlog_decided_offline"] >= r["idle_decisions"] > 0
