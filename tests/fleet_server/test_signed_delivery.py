@@ -174,6 +174,14 @@ def test_side_load_from_a_directory_uses_the_same_checks(
     assert json.dumps(bad)  # the report is plain JSON for the fleet
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_finishes(
     tmp_path: Path,
     fleet: tuple[KeyStore, Repository],
@@ -208,6 +216,8 @@ def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+    # the supervisor is gone; its children (the companion holds the install's lock) too
+    assert _wait(lambda: not _group_alive(proc.pid), 10), "the agent's processes outlived it"
     assert on_trial, "the install never reached its health window"
     # Before commit: nothing was committed, so nothing is active.
     assert Installer(state, profile_name=PROFILE).active_bundle("cls") is None
