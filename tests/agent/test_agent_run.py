@@ -368,7 +368,9 @@ def test_sigkill_during_heavy_logging_never_corrupts_the_log(
     rng = np.random.default_rng(7)
     for i in range(20):
         proc = subprocess.Popen(
-            [EDGE_AGENT, "run", "--config", str(cfg)],
+            # the writer is the same in one process; one interpreter start a round, not
+            # three (tests/agent/test_process_split.py kills the two-process agent)
+            [EDGE_AGENT, "run", "--single-process", "--config", str(cfg)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
