@@ -27,7 +27,7 @@ from agent.installer import Installer
 from agent.kernel.errors import EdgefleetError
 from agent.metrics import AgentMetrics
 from agent.planning import Problem
-from agent.status import GaugeThread, update_upstream_gauges, upstream_health
+from agent.status import GaugeThread, problem_lines, update_upstream_gauges, upstream_health
 from agent.upstream import Upstream
 from runtime.profiles import load_profile
 
@@ -133,7 +133,12 @@ class Companion:
             ok, details = False, {"hotpath": f"not answering: {exc.reason}"}
         details = dict(details)
         details.update(upstream_health(self.upstream))
-        if self.split:
+        if self.split:  # in one process the two parts share one list of problems
+            hot = details.get("problems")
+            details["problems"] = [
+                *(hot if isinstance(hot, list) else []),
+                *problem_lines(self.problems),
+            ]
             hello = self._status.get("hello") or {}
             details["hotpath_process"] = {
                 "pid": hello.get("pid"),
