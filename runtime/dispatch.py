@@ -36,7 +36,7 @@ from runtime.errors import (
     PoolClosed,
 )
 from runtime.metrics import ModelMetrics
-from runtime.request import Request
+from runtime.request import Request, SlotReturns
 from runtime.scheduler import QueuePolicy, Scheduler, Ticket
 from runtime.supervisor import Finished, Supervisor, Worker, WorkerState
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _SWEEP_NS = 20_000_000  # heartbeat and deadline checks at least this often
 
 
-class Dispatcher:
+class Dispatcher(SlotReturns):
     """Free slots, the scheduler's queues and the I/O thread of one pool.
 
     ``lock`` guards all of it and the supervisor's workers; ``closed`` is true before
@@ -143,27 +143,6 @@ class Dispatcher:
         with self.lock:
             self._scheduler.unreserve(request.model)
             self._free[request.model].append(request.slot)
-
-    def release(self, request: Request) -> None:
-        if request.error is None and request.t_complete_ns:
-            now = time.perf_counter_ns()
-            handed = request.t_handed_ns or now
-            self._metrics[request.model].record_many(
-                [
-                    ("handback", handed - request.t_complete_ns),
-                    ("postprocess", now - handed),
-                    ("total", now - request.t0_ns),
-                ]
-            )
-        with self.lock:
-            self._free[request.model].append(request.slot)
-
-    def abandon(self, request: Request) -> None:
-        with self.lock:
-            request.abandoned = True
-            done = request.done()
-        if done:
-            request.release()
 
     def queued(self, model: int) -> int:
         with self.lock:

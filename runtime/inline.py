@@ -42,7 +42,7 @@ from runtime.errors import (
     PoolClosed,
 )
 from runtime.metrics import ModelMetrics
-from runtime.request import Request
+from runtime.request import Request, SlotReturns
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class _Lane:
         self.threads = 0
 
 
-class InlineLanes:
+class InlineLanes(SlotReturns):
     """Runs requests on the submitting thread, one lane of sessions per core.
 
     ``lock`` guards the free slots and counts (never held while a model runs).
@@ -176,27 +176,6 @@ class InlineLanes:
         with self.lock:
             self._outstanding[request.model] -= 1
             self._free[request.model].append(request.slot)
-
-    def release(self, request: Request) -> None:
-        if request.error is None and request.t_complete_ns:
-            now = time.perf_counter_ns()
-            handed = request.t_handed_ns or now
-            self._metrics[request.model].record_many(
-                [
-                    ("handback", handed - request.t_complete_ns),
-                    ("postprocess", now - handed),
-                    ("total", now - request.t0_ns),
-                ]
-            )
-        with self.lock:
-            self._free[request.model].append(request.slot)
-
-    def abandon(self, request: Request) -> None:
-        with self.lock:
-            request.abandoned = True
-            done = request.done()
-        if done:
-            request.release()
 
     def queued(self, model: int) -> int:
         """Requests of ``model`` reserved or waiting for a lane, not yet run."""

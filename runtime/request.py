@@ -6,14 +6,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from runtime._internal import protocol
 from runtime._internal.shm import SlotViews
 from runtime.backends.base import Array
 from runtime.errors import EdgeRuntimeError, InputShapeError, InputTooLarge, RequestTimeout
 from runtime.scheduler import Priority
+
+if TYPE_CHECKING:
+    from runtime.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +170,38 @@ class Request:
                 self._callback(self)
             except Exception:
                 log.exception("request callback raised")
+
+
+class SlotReturns:
+    """``release`` and ``abandon`` of a :class:`SlotPool` that keeps each model's free
+    slots in a list under one lock (the process pool's dispatcher and the inline lanes):
+    a released slot's hand-back, post-processing and total times are recorded, and the
+    slot goes back on its list."""
+
+    lock: threading.Lock
+    _free: list[list[int]]
+    _metrics: Sequence[ModelMetrics]
+
+    def release(self, request: Request) -> None:
+        if request.error is None and request.t_complete_ns:
+            now = time.perf_counter_ns()
+            handed = request.t_handed_ns or now
+            self._metrics[request.model].record_many(
+                [
+                    ("handback", handed - request.t_complete_ns),
+                    ("postprocess", now - handed),
+                    ("total", now - request.t0_ns),
+                ]
+            )
+        with self.lock:
+            self._free[request.model].append(request.slot)
+
+    def abandon(self, request: Request) -> None:
+        with self.lock:
+            request.abandoned = True
+            done = request.done()
+        if done:
+            request.release()
 
 
 class Reservation:

@@ -34,6 +34,7 @@ from agent.status import STATS_INTERVAL_S
 from agent.uplink.cli import outbox_status
 from hil.bench.drain_fleet import DEVICE_ID, DrainBenchError
 from hil.loopback import free_port
+from hil.procs import children
 from runtime.bench import Progress
 from runtime.metrics import new_histogram, summarize
 
@@ -117,15 +118,6 @@ def _ticks(pid: int) -> tuple[str, int] | None:
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat.rsplit(")", 1)[1].split()
     return name, int(fields[11]) + int(fields[12])  # fields 14 and 15: utime, stime
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                kids += [int(k) for k in (task / "children").read_text().split()]
-    return kids
 
 
 class DeviceAgent:
@@ -236,7 +228,7 @@ class DeviceAgent:
             else:
                 role = parent_role.removesuffix("_workers") + "_workers"
             yield pid, role, ticks
-            stack += [(kid, role) for kid in _children(pid)]
+            stack += [(kid, role) for kid in children(pid)]
 
     # -- what it wrote -------------------------------------------------------------
     def count(self, t0: float, t1: float) -> int:

@@ -38,6 +38,7 @@ from agent.control.protocol import ControlError
 from agent.supervisor import CRASH_LOOP_S
 from hil.errors import HilError
 from hil.loopback import free_port
+from hil.procs import agent_children
 
 BIN = Path(sys.executable).parent
 """Where this interpreter's console scripts (``edge-agent``) are."""
@@ -52,14 +53,6 @@ POLL_S = 0.02
 TARGET_S = 2.0
 """Issue 15: a crash of the hot path is restarted within 2 s (to its next decision)."""
 DEVICE_ID = "restart-bench"
-
-
-def _comm(pid: str) -> str:
-    """A process's name (``/proc/<pid>/comm``; the agent's children are ``ef-<role>``)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 class RestartBenchError(HilError):
@@ -137,19 +130,7 @@ class BenchAgent:
     def child(self, role: str) -> int | None:
         """The pid of the supervisor's ``python -m agent.child ROLE``, if running."""
         assert self.proc is not None
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                kids = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for kid in kids:
-                try:
-                    argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if b"agent.child" in argv and _comm(kid) == f"ef-{role}":
-                    return int(kid)
-        return None
+        return agent_children(self.proc.pid).get(role)
 
     def first_decision_after(self, t: float) -> float | None:
         """The time of the first decision in the log made after wall-clock ``t``."""

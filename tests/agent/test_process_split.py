@@ -30,6 +30,7 @@ from agent.control.protocol import MAX_REQUEST_BYTES
 from agent.decisionlog.connection import connect_reader
 from agent.enrollment.identity import Identity
 from hil.linkproxy import LinkProxy
+from hil.procs import agent_children, descendants
 from tests.agent.installer.installer_helpers import make_bundle
 from tests.fleet_server import test_fleet_e2e as e2e
 from tests.fleet_server.fleet_api_support import OPERATOR_TOKEN, http
@@ -56,14 +57,6 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float =
 
 
 # -- the device -------------------------------------------------------------------------
-
-
-def _comm(pid: str) -> str:
-    """A process's name (``/proc/<pid>/comm``; the agent's children are ``ef-<role>``)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 class Device:
@@ -146,21 +139,7 @@ class Device:
     def children(self) -> dict[str, int]:
         """The supervisor's children by role (``python -m agent.child ROLE``)."""
         assert self.proc is not None
-        pid = self.proc.pid
-        found: dict[str, int] = {}
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                kids = (task / "children").read_text().split()
-            except OSError:
-                continue  # the thread ended
-            for kid in kids:
-                try:
-                    argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue  # it ended
-                if b"agent.child" in argv:  # named ef-<role> (a standby: ef-standby)
-                    found[_comm(kid).removeprefix("ef-")] = int(kid)
-        return found
+        return agent_children(self.proc.pid)
 
     def child(self, role: str) -> int | None:
         return self.children().get(role)
@@ -318,25 +297,6 @@ def test_the_companion_killed_mid_drain_is_restarted_and_every_decision_arrives_
 # -- 2. the hot path SIGKILLed ------------------------------------------------------------
 
 
-def _descendants(pid: int) -> set[int]:
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = list(Path(f"/proc/{p}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                kids = {int(k) for k in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo.extend(kids - out)
-            out |= kids
-    return out
-
-
 def _running(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -369,7 +329,7 @@ def test_the_hot_path_killed_is_restarted_reported_and_its_log_is_intact(
     finally:
         client.close()
     assert workers
-    assert workers <= _descendants(old)
+    assert workers <= descendants(old)
     before = dev.count()
     t_kill = time.time()
     os.kill(old, signal.SIGKILL)

@@ -56,7 +56,7 @@ def test_inline_threads_each_take_a_lane_pinned_to_its_own_core(
 ) -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
-        pytest.skip("needs two cores to show two lanes")  # pragma: no cover
+        pytest.skip("hardware: one core can't show two lanes on two cores")  # pragma: no cover
     config = PoolConfig(workers=2, cores=tuple(cores[:2]), execution_mode="inline")
     seen: dict[str, set[int]] = {}
     x = np.zeros((1, 3, 48, 192), np.float32)
