@@ -10,6 +10,7 @@ transactions can take the write lock up front (``BEGIN IMMEDIATE``, see
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ DEFAULT_BUSY_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 10
 DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 POOL_TIMEOUT_S = 30.0
+WAL_SWITCH_RETRY_S = 0.02
 
 
 def sqlite_url(path: Path | str) -> str:
@@ -79,8 +81,8 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
         conn: sqlite3.Connection = dbapi_conn
         conn.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal":
+        mode = _switch_to_wal(conn, busy_timeout_s)
+        if mode != "wal":
             raise StorageError(str(url.database), f"can't switch to WAL mode (got {mode})")
         conn.execute(f"PRAGMA busy_timeout={busy_ms}")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -92,6 +94,25 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _switch_to_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> str:
+    """Put the file in WAL mode and return the journal mode it ends in.
+
+    Two connections switching a new (rollback-journal) file at once can deadlock on its
+    lock; SQLite then answers "database is locked" at once, without its busy handler, to
+    one of them. That one tries again until the other has switched, within the busy timeout.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            row = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_SWITCH_RETRY_S)
+            continue
+        return "" if row is None else str(row[0]).lower()
 
 
 def _postgresql_engine(url: URL, connect_timeout_s: int, statement_timeout_s: float) -> Engine:
