@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agent.errors import DecisionLogError
+from agent.kernel.sqlitewal import switch_to_wal
 
 WAL_LIMIT_BYTES = 8 * 1024 * 1024  # the WAL is truncated to this after a checkpoint
 BUSY_TIMEOUT_S = 5.0
@@ -32,13 +33,13 @@ def connect_writer(path: Path) -> sqlite3.Connection:
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             # Only a new file can take it; it lets retention give pages back to the disk.
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = switch_to_wal(conn, BUSY_TIMEOUT_S)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     except sqlite3.Error as e:
         conn.close()
         raise DecisionLogError(f"can't set up decision log {path}: {e}") from e
-    if str(mode).lower() != "wal":
+    if mode != "wal":
         conn.close()
         raise DecisionLogError(f"decision log {path} can't use WAL mode (got {mode!r})")
     return conn

@@ -10,7 +10,6 @@ transactions can take the write lock up front (``BEGIN IMMEDIATE``, see
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from agent.kernel.sqlitewal import switch_to_wal
 from fleet_server.db.errors import StorageError
 
 SQLITE_IMMEDIATE = "edgefleet_sqlite_immediate"
@@ -29,7 +29,6 @@ DEFAULT_BUSY_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 10
 DEFAULT_STATEMENT_TIMEOUT_S = 60.0
 POOL_TIMEOUT_S = 30.0
-WAL_SWITCH_RETRY_S = 0.02
 
 
 def sqlite_url(path: Path | str) -> str:
@@ -81,7 +80,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
         conn: sqlite3.Connection = dbapi_conn
         conn.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
-        mode = _switch_to_wal(conn, busy_timeout_s)
+        mode = switch_to_wal(conn, busy_timeout_s)
         if mode != "wal":
             raise StorageError(str(url.database), f"can't switch to WAL mode (got {mode})")
         conn.execute(f"PRAGMA busy_timeout={busy_ms}")
@@ -94,25 +93,6 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
-
-
-def _switch_to_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> str:
-    """Put the file in WAL mode and return the journal mode it ends in.
-
-    Two connections switching a new (rollback-journal) file at once can deadlock on its
-    lock; SQLite then answers "database is locked" at once, without its busy handler, to
-    one of them. That one tries again until the other has switched, within the busy timeout.
-    """
-    deadline = time.monotonic() + busy_timeout_s
-    while True:
-        try:
-            row = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() >= deadline:
-                raise
-            time.sleep(WAL_SWITCH_RETRY_S)
-            continue
-        return "" if row is None else str(row[0]).lower()
 
 
 def _postgresql_engine(url: URL, connect_timeout_s: int, statement_timeout_s: float) -> Engine:
