@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 MODELS := .cache/models/.fetched-stamp
 
-.PHONY: demo test bench hil lint typecheck models venv sysdeps clean
+.PHONY: demo test bench hil lint typecheck models venv sysdeps clean package-test
 
 venv: $(STAMP)
 
@@ -62,7 +62,22 @@ typecheck: $(STAMP)
 TEST_WORKERS ?= 3
 
 test: sysdeps $(STAMP) $(MODELS) lint typecheck
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
+	  --ignore=tests/packaging --ignore=tests/packaging_image
+
+# The Debian packages installed, upgraded, watched and purged in a booted Debian bookworm
+# (mmdebstrap + systemd-nspawn --boot; needs root), and the OCI images. The tests build the
+# packages they install (amd64, two versions) under .cache/packaging/.
+PACKAGE_TOOLS := mmdebstrap systemd-nspawn umoci dpkg-deb fakeroot
+package-test: sysdeps $(STAMP) $(MODELS)
+	@missing=""; for b in $(PACKAGE_TOOLS); do \
+	  command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "missing:$$missing -- installing mmdebstrap systemd-container umoci dpkg-dev fakeroot"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
+	    mmdebstrap systemd-container umoci dpkg-dev fakeroot; fi
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 tests/packaging tests/packaging_image
 
 # The runtime bench model: PP-OCR mobile v2 text-direction classifier at its native
 # 48x192 input, about 1 ms per run on one x86 core.
