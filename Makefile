@@ -79,6 +79,22 @@ package-test: sysdeps $(STAMP) $(MODELS)
 	    mmdebstrap systemd-container umoci dpkg-dev fakeroot; fi
 	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 tests/packaging tests/packaging_image
 
+# OCI images of both parts, from their .debs (make deb), with no base image and no
+# registry: mmdebstrap + umoci (packaging/oci/build.py; needs root). Writes
+# dist/edgefleet-<part>-<version>-amd64.oci.tar for docker load / podman load;
+# docs/install-image.md and packaging/compose/ say how to run them.
+IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+.PHONY: image
+image:
+	@command -v mmdebstrap >/dev/null && command -v umoci >/dev/null || { \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
+	    mmdebstrap umoci; }
+	$(MAKE) deb ARCHES=amd64
+	for part in agent server; do \
+	  $(PYTHON) packaging/oci/build.py --part $$part --out dist \
+	    --deb dist/edgefleet-$${part}_$(IMAGE_VERSION)_amd64.deb || exit 1; done
+
 # The runtime bench model: PP-OCR mobile v2 text-direction classifier at its native
 # 48x192 input, about 1 ms per run on one x86 core.
 BENCH_MODEL := .cache/models/ppocr_mobile_v2_cls.onnx --input-shape 1x3x48x192
