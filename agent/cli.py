@@ -20,6 +20,7 @@ from agent.echo import echo_decision
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
 from agent.kernel.errors import EdgefleetError
+from agent.setup.cli import add_parser as add_setup_parser
 from runtime.errors import EdgeRuntimeError
 
 EXIT_ERROR = 2
@@ -36,6 +37,7 @@ EPILOG_RUN = """example:
   edge-agent rollback text-cls --config agent.toml
   edge-agent enroll http://127.0.0.1:8080 --token - --config agent.toml
   edge-agent outbox --config agent.toml
+  edge-agent setup --camera /dev/video0 --bundle /media/usb/cls
 """
 
 
@@ -319,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--json", action="store_true", help="print the report as JSON")
     inst.set_defaults(func=cmd_install)
     add_installer_parsers(sub, with_config, install=False)  # bundles, rollback
+    add_setup_parser(sub)
 
     enr = sub.add_parser(
         "enroll",

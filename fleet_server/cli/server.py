@@ -18,6 +18,7 @@ from types import FrameType
 from sqlalchemy.engine import make_url
 
 from agent.kernel.errors import EdgefleetError
+from fleet_server.cli.setup import add_parser as add_setup_parser
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
 from fleet_server.serve import FleetServer, ServiceFactory
 from fleet_server.services import FileService, IngestService, RolloutRunner
@@ -29,6 +30,7 @@ WATCH_S = 1.0
 EPILOG = """examples:
   fleet-server serve --config /etc/edgefleet/fleet.toml
   fleet-server check-config --config fleet.toml --json
+  fleet-server setup --admin alice --advertise-host fleet.example.com
 """
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(check)
     check.add_argument("--json", action="store_true", help="print a JSON report")
     check.set_defaults(func=cmd_check_config)
+    add_setup_parser(sub)
     return parser
 
 

@@ -1,0 +1,178 @@
+"""``edge-agent setup``: a fresh install made a configured device in one command.
+
+Examples::
+
+    edge-agent setup --list-cameras
+    edge-agent setup --camera /dev/video0 --bundle /media/usb/cls
+    printf '%s\\n' "$TOKEN" | edge-agent setup --camera /dev/video0 --bundle /media/usb/cls \\
+        --fleet https://fleet.example:8080 --token -
+
+The library (:mod:`agent.setup.device`) raises; this module prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.setup import dropin
+from agent.setup.cameras import DEV_DIR, SYSFS_ROOT, format_cameras, list_cameras
+
+if TYPE_CHECKING:
+    from agent.setup.device import SetupReport
+
+EXIT_ERROR = 2
+DEFAULT_CONFIG = "/etc/edgefleet/agent.toml"
+DEFAULT_STATE_DIR = "/var/lib/edgefleet/agent"
+DEFAULT_CREDENTIALS = "/etc/edgefleet/credentials/agent"
+FROM_STDIN = "-"
+_MAX_TOKEN = 4096
+
+EPILOG = """examples:
+  edge-agent setup --list-cameras
+  edge-agent setup --camera /dev/video0 --bundle /media/usb/cls
+  edge-agent setup --camera rtsp://10.0.0.21/stream1 --profile jetson-orin --bundle b/cls
+  edge-agent setup --camera test --bundle bundles/cls --config a.toml --state-dir state \\
+      --systemd-dropin-dir '' --force
+  printf '%s\\n' "$TOKEN" | edge-agent setup --camera /dev/video0 --bundle /media/usb/cls \\
+      --fleet http://fleet.example:8080 --token -
+
+--camera takes a V4L2 device (/dev/video0, or 0), an rtsp:// or http:// (MJPEG) URL, a
+video file, a directory of images, or `test` (a generated pattern); without it, every
+V4L2 capture device found. --bundle is copied into the state directory and run by one
+pipeline per camera; a signed bundle of the same name from the fleet or a side-load takes
+over. An existing config is refused without --force; with it, setup writes the same
+files again (an enrollment with the same fleet and device id is kept).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``setup`` to ``edge-agent``'s subcommands."""
+    p = sub.add_parser(
+        "setup",
+        help="configure this device: profile, cameras, config, enrollment, systemd limits",
+        description="Turn a fresh install into a configured device: choose the firmware "
+        "profile, find the cameras, write the config (0640) and the service's resource "
+        "drop-in, enroll with the fleet, and check the result.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"(default {DEFAULT_CONFIG})")
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"(default {DEFAULT_STATE_DIR})")
+    p.add_argument(
+        "--profile", default="auto", help="firmware profile name or TOML path (default auto)"
+    )
+    p.add_argument(
+        "--camera",
+        action="append",
+        default=[],
+        metavar="DEVICE_OR_URL",
+        help="a camera (repeat for more); default: every V4L2 capture device found",
+    )
+    p.add_argument("--bundle", metavar="DIR", help="a bundle directory for the pipelines")
+    p.add_argument("--fleet", metavar="URL", help="enroll with this fleet server")
+    p.add_argument("--token", help="the one-time enrollment token, or - to read stdin")
+    p.add_argument("--device-id", help="this device's id (default: the host name)")
+    p.add_argument(
+        "--http-port", type=int, default=9464, help="local /healthz and /metrics port (9464)"
+    )
+    p.add_argument(
+        "--credentials-dir",
+        default=DEFAULT_CREDENTIALS,
+        help=f"secrets' directory, made 0700 (default {DEFAULT_CREDENTIALS})",
+    )
+    p.add_argument(
+        "--systemd-dropin-dir",
+        default=str(dropin.DEFAULT_DIR),
+        help=f"where {dropin.FILE_NAME} goes; '' for none (default {dropin.DEFAULT_DIR})",
+    )
+    p.add_argument(
+        "--owner", help="the service's user (default: edgefleet if it exists, else yours)"
+    )
+    p.add_argument("--list-cameras", action="store_true", help="only list the cameras")
+    p.add_argument(
+        "--sysfs-root", default=str(SYSFS_ROOT), help=f"the sysfs to list (default {SYSFS_ROOT})"
+    )
+    p.add_argument(
+        "--dev-dir", default=str(DEV_DIR), help=f"where device nodes are (default {DEV_DIR})"
+    )
+    p.add_argument("--force", action="store_true", help="write over an existing config")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.set_defaults(func=cmd_setup)
+
+
+def _token_reader(token: str | None) -> Callable[[], str]:
+    def read() -> str:
+        if token is None:
+            return ""
+        if token == FROM_STDIN:
+            return sys.stdin.readline(_MAX_TOKEN).strip()
+        return token
+
+    return read
+
+
+def _print_report(report: SetupReport) -> None:
+    print(f"profile {report.profile} ({report.profile_reason})")
+    if not report.cameras:
+        print("cameras: none configured (no cameras found; give --camera)")
+    for cam in report.cameras:
+        print(f"camera {cam['name']}: {cam['kind']} {cam['uri']}".rstrip())
+    for line in report.done:
+        print(line)
+    if report.enrolled:
+        e = report.enrolled
+        print(
+            f"fleet {e['server']}: broker {e['broker']}, certificate until {e['certificate_until']}"
+        )
+    for warning in report.warnings:
+        print(f"edge-agent: setup: warning: {warning}", file=sys.stderr)
+    for problem in report.problems:
+        print(f"edge-agent: setup: {problem}", file=sys.stderr)
+    if not report.problems:
+        print(f"check-config: {report.config}: ok")
+    for step in report.next_steps:
+        print(f"next: {step}")
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    sysfs, dev = Path(args.sysfs_root), Path(args.dev_dir)
+    if args.list_cameras:
+        cameras = list_cameras(sysfs, dev)
+        if args.json:
+            print(json.dumps([c.to_dict() for c in cameras], indent=2))
+        else:
+            sys.stdout.write(format_cameras(cameras))
+        return 0
+    from agent.setup.device import SetupOptions, setup_device  # noqa: PLC0415 - keep edge-agent light
+
+    if (args.fleet is None) != (args.token is None):
+        print("edge-agent: setup: --fleet and --token go together", file=sys.stderr)
+        return EXIT_ERROR
+    opts = SetupOptions(
+        config=Path(args.config),
+        state_dir=Path(args.state_dir).absolute(),
+        profile=args.profile,
+        cameras=tuple(args.camera),
+        bundle=Path(args.bundle) if args.bundle else None,
+        fleet=args.fleet,
+        credentials_dir=Path(args.credentials_dir),
+        dropin_dir=Path(args.systemd_dropin_dir) if args.systemd_dropin_dir else None,
+        device_id=args.device_id,
+        http_port=args.http_port,
+        owner=args.owner,
+        force=args.force,
+        sysfs_root=sysfs,
+        dev_dir=dev,
+    )
+    report = setup_device(opts, _token_reader(args.token))
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    else:
+        _print_report(report)
+    return EXIT_ERROR if report.problems else 0

@@ -1,0 +1,459 @@
+"""``edge-agent setup`` as a library: a fresh install made a configured device.
+
+Order, so that bad input changes nothing (every check before the first write):
+
+1. an existing config is refused without ``force``;
+2. the profile, the device id, each camera (a V4L2 node is asked with real ioctls), the
+   bundle (its manifest loads and lists the profile) and the owner are resolved, the
+   config is rendered and parsed by the agent's own parser;
+3. with a fleet: enrollment (the one step that talks to the network; it writes only once
+   the fleet's answer checks out, and a state directory it had to create is removed
+   again when it fails);
+4. the bundle copied into the state directory, the config written (durable, 0640), the
+   systemd drop-in written (and systemd reloaded when it runs), the credentials
+   directory made (0700), what setup made in the state directory given to the owner;
+5. ``check-config``'s checks on the file as written.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import socket
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from agent.config import load_config
+from agent.directives.config import BundlesConfig
+from agent.directives.link import trust_dir
+from agent.enrollment.identity import Identity, enroll
+from agent.errors import AgentError
+from agent.kernel.bundle import load_bundle
+from agent.kernel.durable import copy_durable, fsync_dir, hash_file, make_dirs
+from agent.kernel.errors import EdgefleetError
+from agent.planning import plan_pipelines
+from agent.setup import dropin
+from agent.setup.cameras import (
+    DEV_DIR,
+    SYSFS_ROOT,
+    Camera,
+    CameraProbeError,
+    choose_size,
+    list_cameras,
+    probe,
+)
+from agent.setup.profile import ChosenProfile, choose_profile
+from agent.setup.writer import BundleEntry, CameraEntry, DevicePlan, check, render, write_config
+from agent.wire.topics import is_device_id
+from runtime.errors import EdgeRuntimeError
+
+SERVICE_USER = "edgefleet"
+SYNTHETIC = ("test", "synthetic")
+LOCAL_BUNDLES = "local-bundles"
+MAX_BUNDLE_FILES = 1000
+
+
+class SetupError(AgentError):
+    """Setup refused its input or could not finish; ``what`` names the input at fault.
+
+    Attributes:
+        what: the option or thing at fault ("--camera /dev/video3", "config").
+        reason: what is wrong.
+    """
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")
+
+
+@dataclass(frozen=True)
+class SetupOptions:
+    """What ``edge-agent setup`` was asked to do (paths are this system's)."""
+
+    config: Path
+    state_dir: Path
+    profile: str = "auto"
+    cameras: tuple[str, ...] = ()
+    bundle: Path | None = None
+    fleet: str | None = None
+    credentials_dir: Path = Path("/etc/edgefleet/credentials/agent")
+    dropin_dir: Path | None = dropin.DEFAULT_DIR
+    device_id: str | None = None
+    http_port: int = 9464
+    owner: str | None = None
+    force: bool = False
+    sysfs_root: Path = SYSFS_ROOT
+    dev_dir: Path = DEV_DIR
+
+
+@dataclass
+class SetupReport:
+    """What setup did, for the terminal or ``--json``."""
+
+    config: str
+    device_id: str
+    profile: str
+    profile_reason: str
+    cameras: list[dict[str, Any]] = field(default_factory=list)
+    found: list[dict[str, Any]] = field(default_factory=list)
+    bundle: dict[str, str] | None = None
+    enrolled: dict[str, Any] | None = None
+    dropin: str | None = None
+    credentials_dir: str = ""
+    owner: str = ""
+    done: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who the service runs as: state is theirs, the config is readable by their group."""
+
+    name: str
+    uid: int
+    gid: int
+
+
+def resolve_owner(name: str | None) -> Owner:
+    """``name``'s ids; by default the ``edgefleet`` user when it exists, else whoever runs
+    setup.
+
+    Raises:
+        SetupError: ``name`` is not a user.
+    """
+    if name is None:
+        try:
+            pw = pwd.getpwnam(SERVICE_USER)
+        except KeyError:
+            pw = pwd.getpwuid(os.getuid())
+    else:
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise SetupError(f"--owner {name}", "no such user") from None
+    return Owner(pw.pw_name, pw.pw_uid, pw.pw_gid)
+
+
+def _profile(name: str) -> ChosenProfile:
+    try:
+        return choose_profile(name)
+    except EdgeRuntimeError as exc:
+        raise SetupError(f"--profile {name}", " ".join(str(exc).split())) from None
+
+
+def _device_id(given: str | None) -> str:
+    value = given or socket.gethostname()
+    if not is_device_id(value):
+        what = "--device-id" if given else f"host name {value!r}"
+        raise SetupError(what, "not a device id (1-64 of A-Z a-z 0-9 _ . -; give --device-id)")
+    return value
+
+
+def camera_entry(
+    value: str, name: str, dev_dir: Path = DEV_DIR
+) -> tuple[CameraEntry, Camera | None]:
+    """The config entry for ``--camera value`` (and what a V4L2 device answered).
+
+    Raises:
+        SetupError: no such device or file, or a device that captures no video.
+    """
+    what = f"--camera {value}"
+    lowered = value.lower()
+    if lowered in SYNTHETIC:
+        return CameraEntry(name, "synthetic", note="a generated test pattern"), None
+    if lowered.startswith(("rtsp://", "rtsps://")):
+        return CameraEntry(name, "rtsp", value), None
+    if lowered.startswith(("http://", "https://")):
+        return CameraEntry(name, "http", value, note="an MJPEG stream"), None
+    if "://" in value:
+        raise SetupError(what, "unknown URL scheme (rtsp://, rtsps://, http:// or https://)")
+    path = dev_dir / f"video{value}" if value.isdigit() else Path(value)
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise SetupError(what, f"no such device or file ({exc.strerror})") from None
+    if stat.S_ISCHR(mode):
+        try:
+            cam = probe(path)
+        except CameraProbeError as exc:
+            raise SetupError(what, str(exc.strerror or exc)) from None
+        if not cam.capture:
+            raise SetupError(what, f"{cam.card or cam.driver}: not a video capture node")
+        size = choose_size(cam)
+        note = f"{cam.card} ({cam.driver}); {size.width}x{size.height}: {size.reason}"
+        return CameraEntry(name, "v4l2", str(path), size.width, size.height, note), cam
+    absolute = path.resolve()
+    if stat.S_ISDIR(mode):
+        return CameraEntry(name, "images", str(absolute), note="a directory of images"), None
+    if stat.S_ISREG(mode):
+        return CameraEntry(name, "file", str(absolute), note="a video file, looped"), None
+    raise SetupError(what, "not a device, a file, a directory or a URL")
+
+
+def _cameras(opts: SetupOptions, report: SetupReport) -> list[CameraEntry]:
+    entries: list[CameraEntry] = []
+    if opts.cameras:
+        for i, value in enumerate(opts.cameras):
+            entry, _ = camera_entry(value, f"cam{i}", opts.dev_dir)
+            entries.append(entry)
+        return entries
+    found = list_cameras(opts.sysfs_root, opts.dev_dir)
+    report.found = [c.to_dict() for c in found]
+    for cam in found:
+        if cam.capture and not cam.error:
+            entry, _ = camera_entry(cam.device, f"cam{len(entries)}", opts.dev_dir)
+            entries.append(entry)
+    return entries
+
+
+def _bundle(opts: SetupOptions, profile: str) -> BundleEntry | None:
+    if opts.bundle is None:
+        return None
+    what = f"--bundle {opts.bundle}"
+    try:
+        bundle = load_bundle(opts.bundle)
+        bundle.check_profile(profile)
+    except EdgefleetError as exc:
+        raise SetupError(what, " ".join(str(exc).split())) from None
+    m = bundle.manifest
+    dest = opts.state_dir / LOCAL_BUNDLES / f"{m.name}-{m.version}"
+    return BundleEntry(m.name, str(m.version), dest)
+
+
+def _enrollment(opts: SetupOptions, device_id: str) -> tuple[Identity | None, bool]:
+    """The identity already there, and whether enrolling is needed."""
+    if opts.fleet is None:
+        return None, False
+    try:
+        have = Identity.load(opts.state_dir)
+    except EdgefleetError as exc:
+        if not opts.force:
+            raise SetupError("enrollment", f"{exc} (give --force to enroll again)") from None
+        return None, True
+    if have is None:
+        return None, True
+    same = have.device_id == device_id and have.server_url == opts.fleet
+    if same:
+        return have, False
+    if not opts.force:
+        raise SetupError(
+            "--fleet",
+            f"this device is enrolled as {have.device_id} with {have.server_url or '?'}: "
+            "give --force to enroll again",
+        )
+    return have, True
+
+
+def _enroll(opts: SetupOptions, device_id: str, token: str, replace: bool) -> Identity:
+    created = not opts.state_dir.exists()
+    try:
+        return enroll(
+            opts.fleet or "",
+            token,
+            opts.state_dir,
+            device_id,
+            trust_dir=trust_dir(BundlesConfig(), opts.state_dir),
+            agent_version=_version(),
+            replace=replace,
+        )
+    except EdgefleetError as exc:
+        if created:
+            shutil.rmtree(opts.state_dir, ignore_errors=True)
+        raise SetupError(f"--fleet {opts.fleet}", " ".join(str(exc).split())) from None
+
+
+def _version() -> str:
+    try:
+        return metadata.version("edgefleet")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def copy_bundle(src: Path, dest: Path) -> bool:
+    """Copy the bundle directory ``src`` to ``dest`` (files durable, 0644; directories
+    0755); False when ``dest`` already holds the same files.
+
+    Raises:
+        SetupError: ``src`` holds something else than files and directories, or too many.
+        OSError: a copy failed.
+    """
+    files = _bundle_files(src)
+    if dest.is_dir() and _bundle_files(dest) == files:
+        same = all(hash_file(src / f) == hash_file(dest / f) for f in files)
+        if same:
+            return False
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    make_dirs(tmp, mode=0o755)
+    for rel in files:
+        target = tmp / rel
+        make_dirs(target.parent, mode=0o755)
+        copy_durable(src / rel, target, mode=0o644)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    fsync_dir(dest.parent)
+    return True
+
+
+def _bundle_files(root: Path) -> list[str]:
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                raise SetupError(f"--bundle {root}", f"{path} is not a regular file")
+            out.append(str(path.relative_to(root)))
+            if len(out) > MAX_BUNDLE_FILES:
+                raise SetupError(f"--bundle {root}", f"over {MAX_BUNDLE_FILES} files")
+    return out
+
+
+def _chown_tree(path: Path, owner: Owner) -> None:
+    if not path.exists() or os.geteuid() != 0:
+        return
+    os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(Path(dirpath) / name, owner.uid, owner.gid, follow_symlinks=False)
+
+
+def setup_device(opts: SetupOptions, read_token: Callable[[], str]) -> SetupReport:
+    """Configure this device (see the module docstring); ``read_token`` is called only
+    when enrolling.
+
+    Raises:
+        SetupError: bad input (nothing written), or a step that failed (named).
+    """
+    if opts.config.exists() and not opts.force:
+        raise SetupError(
+            str(opts.config), "exists; nothing changed (give --force to write it again)"
+        )
+    chosen = _profile(opts.profile)
+    device_id = _device_id(opts.device_id)
+    report = SetupReport(str(opts.config), device_id, chosen.name, chosen.reason)
+    cameras = _cameras(opts, report)
+    bundle = _bundle(opts, chosen.name)
+    if bundle is not None and not cameras:
+        raise SetupError(f"--bundle {opts.bundle}", "no camera to run it on (give --camera)")
+    owner = resolve_owner(opts.owner)
+    plan = DevicePlan(
+        device_id,
+        opts.state_dir,
+        chosen.name,
+        chosen.reason,
+        opts.http_port,
+        cameras,
+        bundle,
+        opts.fleet or "",
+    )
+    text = render(plan)
+    try:
+        check(text, opts.config)
+    except EdgefleetError as exc:
+        raise SetupError("config", " ".join(str(exc).split())) from None
+    have, needed = _enrollment(opts, device_id)
+    identity = have
+    if needed:
+        token = read_token().strip()
+        if not token:
+            raise SetupError("--token", "empty (the one-time token from fleetctl devices enroll)")
+        identity = _enroll(opts, device_id, token, replace=have is not None)
+        report.done.append(f"enrolled {device_id} with {opts.fleet}")
+    elif identity is not None:
+        report.done.append(f"kept the enrollment with {identity.server_url}")
+    _write(opts, report, plan, text, owner, chosen)
+    if identity is not None:
+        cert = identity.check()
+        report.enrolled = {
+            "server": identity.server_url,
+            "broker": f"{identity.broker_host}:{identity.broker_port}",
+            "certificate_until": f"{cert.not_valid_after_utc:%Y-%m-%d}",
+            "fleet_profile": identity.profile,
+        }
+        if identity.profile and identity.profile != chosen.name:
+            report.warnings.append(
+                f"the fleet registered {device_id} with profile {identity.profile}, this "
+                f"device runs {chosen.name}: rollouts address the fleet's; give --profile "
+                f"{identity.profile} (or fix the fleet's record)"
+            )
+    report.problems += _check_config(opts.config)
+    report.next_steps.append("systemctl restart edgefleet-agent")
+    return report
+
+
+def _write(
+    opts: SetupOptions,
+    report: SetupReport,
+    plan: DevicePlan,
+    text: str,
+    owner: Owner,
+    chosen: ChosenProfile,
+) -> None:
+    """Step 4 of the module docstring."""
+    try:
+        make_dirs(opts.state_dir, mode=0o750)
+        if plan.bundle is not None and opts.bundle is not None:
+            make_dirs(plan.bundle.path.parent, mode=0o755)
+            copied = copy_bundle(opts.bundle, plan.bundle.path)
+            verb = "copied" if copied else "kept"
+            b = plan.bundle
+            report.done.append(f"{verb} bundle {b.name} {b.version} to {b.path}")
+            report.bundle = {"name": b.name, "version": b.version, "path": str(b.path)}
+        for cam in plan.cameras:
+            report.cameras.append({"name": cam.name, "kind": cam.kind, "uri": cam.uri})
+        write_config(opts.config, text, gid=owner.gid if os.geteuid() == 0 else None)
+        report.done.append(f"wrote {opts.config} (mode 0640)")
+        make_dirs(opts.credentials_dir.parent, mode=0o755)
+        make_dirs(opts.credentials_dir, mode=0o700)
+        report.credentials_dir = str(opts.credentials_dir)
+        if opts.dropin_dir is not None:
+            path = dropin.write_dropin(chosen.profile, opts.dropin_dir)
+            report.dropin = str(path)
+            limits = f"MemoryMax={dropin.memory_max_mb(chosen.profile)}M"
+            report.done.append(f"wrote {path} ({limits})")
+            if opts.dropin_dir == dropin.DEFAULT_DIR and dropin.systemd_running():
+                why = dropin.daemon_reload()
+                report.done.append(why or "reloaded systemd (systemctl daemon-reload)")
+        _chown_dir(opts.state_dir, owner)
+        for sub in ("identity", "trust", LOCAL_BUNDLES):  # what setup writes there
+            _chown_tree(opts.state_dir / sub, owner)
+        report.owner = owner.name
+    except OSError as exc:
+        raise SetupError("write", f"{exc.filename or ''}: {exc.strerror or exc}") from exc
+
+
+def _chown_dir(path: Path, owner: Owner) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, owner.uid, owner.gid)
+
+
+def _check_config(config: Path) -> list[str]:
+    """``edge-agent check-config``'s checks on the written file: its problems."""
+    try:
+        cfg = load_config(config)
+    except EdgefleetError as exc:
+        return [" ".join(str(exc).split())]
+    _, problems = plan_pipelines(cfg)
+    return [f"{p.part}: {p.reason}" for p in problems]
+
+
+def group_name(gid: int) -> str:
+    """The name of group ``gid`` (the number when it has none)."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+__all__ = ["SetupError", "SetupOptions", "SetupReport", "setup_device"]
