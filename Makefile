@@ -29,15 +29,18 @@ $(STAMP): pyproject.toml
 # (hil/) needs iproute2 (ip netns, veth, tc), nftables (packet loss without sch_netem),
 # libfaketime (the clock-jump fault) and curl (a device's local HTTP endpoint). The web
 # console's browser tests drive Debian's headless Chromium (with a font to render text).
+# `edge-agent setup`'s camera tests compile the kernel's <linux/videodev2.h> (gcc,
+# linux-libc-dev) to check the V4L2 ioctl layouts.
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium
+	chromium cc
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
-	faketime curl chromium fonts-dejavu-core
+	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
 	  command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing initdb"; \
+	[ -f /usr/include/linux/videodev2.h ] || missing="$$missing videodev2.h"; \
 	if [ -n "$$missing" ]; then \
 	  echo "missing:$$missing -- installing $(SYSDEPS_PKG)"; \
 	  $(SUDO) apt-get update -q && \
