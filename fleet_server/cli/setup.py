@@ -416,7 +416,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--database",
         metavar="URL",
-        help="postgresql+psycopg://... (default: SQLite in the state dir)",
+        help="postgresql+psycopg://HOST/DB (default: SQLite in the state directory)",
     )
     p.add_argument(
         "--owner", help=f"the service's user (default: {SERVICE_USER} if it exists, else yours)"
