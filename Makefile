@@ -71,15 +71,16 @@ test: sysdeps $(STAMP) $(MODELS) lint typecheck
 # The Debian packages installed, upgraded, watched and purged in a booted Debian bookworm
 # (mmdebstrap + systemd-nspawn --boot; needs root), and the OCI images. The tests build the
 # packages they install (amd64, two versions) under .cache/packaging/.
-PACKAGE_TOOLS := mmdebstrap systemd-nspawn umoci dpkg-deb fakeroot
+PACKAGE_TOOLS := mmdebstrap systemd-nspawn umoci dpkg-deb fakeroot podman
+PACKAGE_PKG := mmdebstrap systemd-container umoci dpkg-dev fakeroot podman
 package-test: sysdeps $(STAMP) $(MODELS)
 	@missing=""; for b in $(PACKAGE_TOOLS); do \
 	  command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "missing:$$missing -- installing mmdebstrap systemd-container umoci dpkg-dev fakeroot"; \
+	  echo "missing:$$missing -- installing $(PACKAGE_PKG)"; \
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
-	    mmdebstrap systemd-container umoci dpkg-dev fakeroot; fi
+	    $(PACKAGE_PKG); fi
 	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 tests/packaging tests/packaging_image
 
 # OCI images of both parts, from their .debs (make deb), with no base image and no
