@@ -256,6 +256,11 @@ def _enrollment(opts: SetupOptions, device_id: str) -> tuple[Identity | None, bo
 def _enroll(opts: SetupOptions, device_id: str, token: str, replace: bool) -> Identity:
     created = not opts.state_dir.exists()
     try:
+        make_dirs(opts.state_dir.parent, mode=0o755)
+        make_dirs(opts.state_dir, mode=0o750)
+    except OSError as exc:
+        raise SetupError("--state-dir", f"cannot create {opts.state_dir}: {exc.strerror}") from exc
+    try:
         return enroll(
             opts.fleet or "",
             token,
@@ -402,6 +407,7 @@ def _write(
 ) -> None:
     """Step 4 of the module docstring."""
     try:
+        make_dirs(opts.state_dir.parent, mode=0o755)  # the service user passes through
         make_dirs(opts.state_dir, mode=0o750)
         if plan.bundle is not None and opts.bundle is not None:
             make_dirs(plan.bundle.path.parent, mode=0o755)

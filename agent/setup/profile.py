@@ -64,7 +64,8 @@ def choose_profile(
         logger.setLevel(level)
         logger.propagate = propagate
     chosen = [m for m in keep.messages if m.startswith("firmware profile ")]
-    reason = chosen[-1].removeprefix(f"firmware profile {profile.name} chosen: ") if chosen else "auto"
+    prefix = f"firmware profile {profile.name} chosen: "
+    reason = chosen[-1].removeprefix(prefix) if chosen else "detected"
     return ChosenProfile(profile, f"auto: {reason}")
 
 

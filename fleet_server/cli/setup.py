@@ -247,6 +247,7 @@ def _chown_tree(path: Path, owner: _Owner) -> None:
 
 
 def _make_state(cfg: FleetServerConfig, passphrases: Passphrases, report: Report) -> None:
+    make_dirs(cfg.state_dir.parent, mode=0o755)  # the service user passes through
     make_dirs(cfg.state_dir, mode=0o700)
     store = KeyStore(cfg.keystore_path, passphrases)
     if store.exists():

@@ -7,6 +7,7 @@ one line, exit code 2, and nothing written."""
 from __future__ import annotations
 
 import os
+import pwd
 import sqlite3
 import stat
 import subprocess
@@ -269,3 +270,22 @@ def test_enrolls_with_a_fleet_server_set_up_by_fleet_server_setup(
         finally:
             run.terminate()
             run.wait(30)
+
+
+def test_state_belongs_to_the_owner_and_the_config_to_root(tmp_path: Path, bundle: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving files to another user needs root")
+    nobody = pwd.getpwnam("nobody")
+    state = tmp_path / "var" / "lib" / "edgefleet" / "agent"
+    done = _setup(
+        tmp_path, "--camera", "test", "--bundle", str(bundle), "--owner", "nobody",
+        "--state-dir", str(state),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    made = [state, *(state / "local-bundles").rglob("*"), state / "local-bundles"]
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in made} == {(nobody.pw_uid, nobody.pw_gid)}
+    assert _mode(state) == 0o750
+    assert _mode(state.parent) == 0o755, "the service user must pass through to its state"
+    config = tmp_path / "etc" / "agent.toml"
+    assert (config.stat().st_uid, config.stat().st_gid) == (0, nobody.pw_gid)
+    assert _mode(config) == 0o640
