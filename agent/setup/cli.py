@@ -38,7 +38,7 @@ EPILOG = """examples:
   edge-agent setup --camera /dev/video0 --bundle /media/usb/cls
   edge-agent setup --camera rtsp://10.0.0.21/stream1 --profile jetson-orin --bundle b/cls
   edge-agent setup --camera test --bundle bundles/cls --config a.toml --state-dir state \\
-      --systemd-dropin-dir '' --force
+      --credentials-dir creds --systemd-dropin-dir '' --force
   printf '%s\\n' "$TOKEN" | edge-agent setup --camera /dev/video0 --bundle /media/usb/cls \\
       --fleet http://fleet.example:8080 --token -
 

@@ -407,6 +407,12 @@ def _write(
 ) -> None:
     """Step 4 of the module docstring."""
     try:
+        # No agent secret is generated today; the directory is there for the unit's
+        # LoadCredential= and for secrets a config names (first: it is the likeliest to
+        # be refused to a user who is not root).
+        make_dirs(opts.credentials_dir.parent, mode=0o755)
+        make_dirs(opts.credentials_dir, mode=0o700)
+        report.credentials_dir = str(opts.credentials_dir)
         make_dirs(opts.state_dir.parent, mode=0o755)  # the service user passes through
         make_dirs(opts.state_dir, mode=0o750)
         if plan.bundle is not None and opts.bundle is not None:
@@ -420,9 +426,6 @@ def _write(
             report.cameras.append({"name": cam.name, "kind": cam.kind, "uri": cam.uri})
         write_config(opts.config, text, gid=owner.gid if os.geteuid() == 0 else None)
         report.done.append(f"wrote {opts.config} (mode 0640)")
-        make_dirs(opts.credentials_dir.parent, mode=0o755)
-        make_dirs(opts.credentials_dir, mode=0o700)
-        report.credentials_dir = str(opts.credentials_dir)
         if opts.dropin_dir is not None:
             path = dropin.write_dropin(chosen.profile, opts.dropin_dir)
             report.dropin = str(path)
