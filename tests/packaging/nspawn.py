@@ -175,6 +175,20 @@ class Container:
             shutil.copy2(src, dest)
         return inside
 
+    def install(self, deb: Path) -> None:
+        """``apt-get install ./X.deb`` inside, without downloading anything."""
+        inside = self.put(deb, f"/root/debs/{deb.name}")
+        self.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "--no-download", inside],
+            timeout_s=600,
+            env={"DEBIAN_FRONTEND": "noninteractive"},
+        )
+
+    def active(self, unit: str) -> bool:
+        """``systemctl is-active`` says active."""
+        state = self.run(["systemctl", "is-active", unit], check=False).stdout.strip()
+        return state == "active"
+
     def unit(self, unit: str, prop: str) -> str:
         """One property of a unit (``systemctl show -p PROP --value``)."""
         return self.run(["systemctl", "show", "-p", prop, "--value", unit]).stdout.strip()

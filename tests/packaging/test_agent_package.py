@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -66,20 +65,11 @@ def _healthz(box: Container) -> tuple[int, str]:
 
 
 def _active(box: Container) -> bool:
-    return box.run(["systemctl", "is-active", UNIT], check=False).stdout.strip() == "active"
+    return box.active(UNIT)
 
 
 def _sha(box: Container, inside: str) -> str:
     return hashlib.sha256(box.path(inside).read_bytes()).hexdigest()
-
-
-def _install(box: Container, deb: Path) -> None:
-    inside = box.put(deb, f"/root/debs/{deb.name}")
-    box.run(
-        ["apt-get", "install", "-y", "--no-install-recommends", "--no-download", inside],
-        timeout_s=600,
-        env={"DEBIAN_FRONTEND": "noninteractive"},
-    )
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +85,7 @@ def box(debs: Debs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contai
 def test_install_without_network_and_not_started_while_unconfigured(
     box: Container, debs: Debs
 ) -> None:
-    _install(box, debs("agent"))
+    box.install(debs("agent"))
     assert box.path("/opt/edgefleet/agent/bin/python").exists()
     for cmd in ("edge-agent", "edge-runtime"):
         box.run([cmd, "--help"])
@@ -181,7 +171,7 @@ def test_an_upgrade_keeps_config_log_and_outbox_and_runs_the_new_version(
     pid = int(box.unit(UNIT, "MainPID"))
     kept = {p.name for p in box.path(STATE).iterdir()}
     decided = _count_decisions(box)
-    _install(box, debs("agent", NEXT_VERSION))
+    box.install(debs("agent", NEXT_VERSION))
     version = box.run(["dpkg-query", "-W", "-f=${Version}", "edgefleet-agent"]).stdout
     assert version == NEXT_VERSION
     wait_for(lambda: _active(box), START_S, f"{UNIT} active after the upgrade")
