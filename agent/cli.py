@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -20,7 +21,9 @@ from agent.echo import echo_decision
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
 from agent.kernel.errors import EdgefleetError
+from agent.kernel.sdnotify import Notifier, forget
 from agent.setup.cli import add_parser as add_setup_parser
+from agent.watchdog import HotPathWatch
 from runtime.errors import EdgeRuntimeError
 
 EXIT_ERROR = 2
@@ -76,21 +79,31 @@ def _run_single_process(cfg: AgentConfig, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGHUP, _on_hup)  # after a side-load: take the installed bundles
     agent = Agent(cfg, on_decision=echo_decision if args.echo else None)
+    notifier = Notifier()
+    forget(os.environ)  # the runtime's workers must not notify as this service
+    notifier.status("starting the pipelines")
     agent.start()
     for p in agent.problems:
         print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr)
+    # systemd (Type=notify): READY=1 now, WATCHDOG=1 from this loop while no pipeline's
+    # loop is wedged (agent.watchdog); the health is asked on the watch's thread
+    watch = HotPathWatch(notifier, lambda _timeout_s: agent.hotpath.health()).start()
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            stop.wait(left)
-            if reload.is_set():
-                reload.clear()
-                stop.clear()
-                agent.reload()
-                continue
-            break
+            watch.tick()
+            if stop.wait(watch.tick_s if left is None else min(left, watch.tick_s)):
+                if reload.is_set():
+                    reload.clear()
+                    stop.clear()
+                    agent.reload()
+                    continue
+                break
+            if left is not None and left <= 0:
+                break
     finally:
+        watch.stop()
         agent.stop()
     if args.stats:
         print(json.dumps(agent.stats(), indent=2, default=str))

@@ -28,17 +28,28 @@ STATS_INTERVAL_S = 1.0
 def hotpath_liveness(
     pipelines: Pipelines, decision_log: DecisionLog, *, configured: bool
 ) -> tuple[bool, dict[str, Any]]:
-    """The hot path is alive: the pool has workers and the decision log writer runs (with
-    no pipeline configured, alive anyway)."""
+    """The hot path is alive: the pool has workers, the decision log writer runs (with
+    no pipeline configured, alive anyway) and no running pipeline's loop is wedged
+    (``pipelines``: each one's heartbeat, see :func:`pipeline_liveness`)."""
     pool = pipelines.pool
     pool_ok = pool is not None and pool.degraded is None
+    loops = pipeline_liveness(pipelines)
     details: dict[str, Any] = {
         "pool": "ok" if pool_ok else (pool.degraded if pool else "not started"),
         "decision_log": decision_log.stats(),
         "problems": problem_lines(pipelines.problems),
         "sensors": {n: sensor_health(s) for n, s in pipelines.sensors.items()},
+        "pipelines": loops,
     }
-    return (pool_ok or not configured), details
+    wedged = any(loop["wedged"] for loop in loops.values())
+    return (pool_ok or not configured) and not wedged, details
+
+
+def pipeline_liveness(pipelines: Pipelines) -> dict[str, dict[str, Any]]:
+    """Each running pipeline's loop heartbeat (:meth:`PipelineRunner.liveness`): what the
+    supervisor pets systemd's watchdog by. An idle source still beats; a loop stuck on a
+    worker or dead does not."""
+    return {r.name: r.liveness() for r in list(pipelines.runners)}
 
 
 def upstream_health(upstream: Upstream) -> dict[str, Any]:

@@ -11,7 +11,14 @@ the companion (:func:`agent.child.run_companion`), and restarts either when it d
   line keeps deciding while it is down.
 
 SIGTERM and SIGINT stop both (companion first, then the hot path, which flushes the
-decision log); SIGHUP is passed to the hot path (reload after a side-load). The control
+decision log); SIGHUP is passed to the hot path (reload after a side-load).
+
+Under systemd (``Type=notify``) the supervisor is the main process and the only one that
+notifies (:mod:`agent.watchdog`): ``READY=1`` once the hot path answers with its pipelines
+started, ``WATCHDOG=1`` from this module's loop only while the hot path answers and no
+pipeline's loop is wedged (and while the supervisor itself brings up a restarted hot
+path), ``STATUS=`` lines, ``STOPPING=1`` on SIGTERM. The children get no
+``$NOTIFY_SOCKET``. The control
 socket lives in a private directory under the state directory, or in a private temporary
 directory when that path would be too long for a Unix socket.
 """
@@ -37,6 +44,8 @@ from agent.child import ENV_LAST_EXIT, ENV_RECOVER, ENV_SOCKET, ENV_STARTS
 from agent.config import AgentConfig
 from agent.control.client import ControlClient
 from agent.control.protocol import ControlError
+from agent.kernel import sdnotify
+from agent.watchdog import HotPathWatch
 from runtime.profiles import load_profile
 
 log = logging.getLogger(__name__)
@@ -102,6 +111,13 @@ class Supervisor:
         self.client = ControlClient(self.socket_path)
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
+        self.notifier = sdnotify.Notifier()
+        self._watch_client = ControlClient(self.socket_path)  # the watch's own connection
+        self.watch = HotPathWatch(
+            self.notifier,
+            lambda timeout_s: self._watch_client.call("health", timeout_s=timeout_s),
+            grace=self._restarting_hotpath,
+        )
 
     def _socket_path(self, state_dir: Path) -> Path:
         path = Path(state_dir).resolve() / "run" / "control.sock"
@@ -113,6 +129,7 @@ class Supervisor:
     # -- the children -----------------------------------------------------------------
     def _env(self, child: _Child) -> dict[str, str]:
         env = dict(os.environ)
+        sdnotify.forget(env)  # only the supervisor (systemd's main process) notifies
         env[ENV_SOCKET] = str(self.socket_path)
         if child is self.hotpath:
             env[ENV_STARTS] = str(child.starts)
@@ -189,11 +206,27 @@ class Supervisor:
                 return True
         return False
 
+    def _restarting_hotpath(self) -> bool:
+        """True while this loop brings a hot path up after one ended (dead and waiting for
+        its restart, or started and not yet answering, within :data:`HOTPATH_READY_S`),
+        unless it keeps dying: then systemd's watchdog decides. A hot path that is
+        alive but does not answer (stopped, stuck) gets no grace."""
+        hot = self.hotpath
+        if hot.starts <= 1 or hot.quick_deaths >= len(HOTPATH_BACKOFF_S):
+            return False
+        proc = hot.proc
+        if proc is None or proc.poll() is not None:
+            return True
+        fresh = time.monotonic() - hot.started_at < HOTPATH_READY_S
+        return fresh and hot.started_at > self.watch.last_alive_at
+
     # -- the loop ---------------------------------------------------------------------
     def run(self, duration_s: float = 0.0) -> None:
         """Start both, keep them running until :attr:`stop_event`, or for ``duration_s``
         once the hot path answers."""
+        self.notifier.status("starting the hot path")
         self._spawn(self.hotpath)
+        self.watch.start()
         if not self.wait_hotpath(HOTPATH_READY_S):
             log.error("the hot path did not answer within %.0f s", HOTPATH_READY_S)
         deadline = time.monotonic() + duration_s if duration_s else None
@@ -204,6 +237,7 @@ class Supervisor:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 break
+            self.watch.tick(now)
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self._signal(self.hotpath, signal.SIGHUP)
@@ -229,6 +263,8 @@ class Supervisor:
 
     def stop(self) -> None:
         """Companion first, then the hot path; SIGKILL after :data:`STOP_S`."""
+        self.watch.stop("stopping: companion, then the hot path")
+        self._watch_client.close()
         self.client.close()
         standby = self.standby.proc
         if standby is not None and standby.stdin is not None:

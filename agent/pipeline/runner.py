@@ -39,6 +39,9 @@ MAX_IN_FLIGHT = 8
 """The most frames one pipeline may keep between taking and deciding."""
 
 _POLL_S = 0.2  # how often a waiting thread looks at the stop flag
+STALL_MARGIN_S = 5.0
+"""Added to the longest wait a pipeline's loop may legitimately make before it counts as
+wedged (:meth:`PipelineRunner.liveness`)."""
 
 
 class Input(Protocol):
@@ -184,10 +187,14 @@ class PipelineRunner:
         self._fed_all = threading.Event()
         self._errors_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.beat_at = time.monotonic()
+        """When the loop last went round (monotonic): the feeder got a free place, or the
+        decider finished a frame. An idle source still beats; a wedged loop does not."""
 
     # -- threads ---------------------------------------------------------------------
     def start(self) -> None:
         self._fed_all.clear()
+        self.beat_at = time.monotonic()
         self._threads = [
             threading.Thread(target=self._feed, name=f"pipeline-{self.name}", daemon=True),
             threading.Thread(target=self._decide, name=f"pipeline-{self.name}-decide", daemon=True),
@@ -207,6 +214,28 @@ class PipelineRunner:
             t.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
+    @property
+    def stall_s(self) -> float:
+        """How long the loop may go without a beat before it counts as wedged: the longest
+        wait for one frame's inferences (the first stage and every crop of a chain), plus
+        :data:`STALL_MARGIN_S`."""
+        waits = 1 + sum(s.max_crops for s in self.stages[1:])
+        return self.wait_timeout_s * waits + 2 * _POLL_S + STALL_MARGIN_S
+
+    def liveness(self) -> dict[str, Any]:
+        """The loop's heartbeat: ``loop_age_s`` since its last beat, ``stall_s``, whether
+        its threads run, and ``wedged`` (a thread died, or no beat for ``stall_s``, while
+        not stopping)."""
+        age = time.monotonic() - self.beat_at
+        threads = bool(self._threads) and all(t.is_alive() for t in self._threads)
+        stopping = self._stop.is_set()
+        return {
+            "loop_age_s": round(age, 3),
+            "stall_s": self.stall_s,
+            "threads_alive": threads,
+            "wedged": not stopping and (not threads or age > self.stall_s),
+        }
+
     def measure_stages(self, on: bool = True) -> StageTimes | None:
         """Keep per-stage histograms (from now, or no more); they cost a few µs a stage."""
         self.stage_times = StageTimes() if on else None
@@ -217,6 +246,7 @@ class PipelineRunner:
             while not self._stop.is_set():
                 if not self._places.acquire(timeout=_POLL_S):
                     continue
+                self.beat_at = time.monotonic()
                 item = self.source.latest(timeout_s=_POLL_S)
                 if item is None or self._stop.is_set():
                     self._places.release()
@@ -268,6 +298,7 @@ class PipelineRunner:
                     self._pending.popleft()
                     self.stats.in_flight = len(self._pending)
                 self._places.release()
+                self.beat_at = time.monotonic()
 
     def _emit(self, decision: Decision) -> None:
         times = self.stage_times
