@@ -9,15 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 from sqlalchemy.engine import make_url
 
 from agent.kernel.errors import EdgefleetError
+from agent.kernel.sdnotify import Notifier, forget
 from fleet_server.cli.setup import add_parser as add_setup_parser
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
 from fleet_server.serve import FleetServer, ServiceFactory
@@ -54,19 +57,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    notifier = Notifier()
+    forget(os.environ)  # the managed Mosquitto must not notify as this service
+    notifier.status("starting: database, CA, broker, services, API")
     server = FleetServer(cfg, services=services_for(cfg))
     server.start()
     print(f"fleet-server: serving {server.url}", flush=True)
+    # systemd (Type=notify): READY=1 now that the API and the broker are up; WATCHDOG=1
+    # from this loop, which watches the parts, while none has died
+    notifier.ready(f"serving {server.url}")
+    pet_s = notifier.pet_interval_s
+    watch_s = WATCH_S if pet_s is None else min(WATCH_S, pet_s / 2)
+    next_pet = 0.0
     code = 0
     try:
-        while not stop.wait(WATCH_S):
+        while not stop.wait(watch_s):
             problem = server.problem()
             if problem is not None:
                 log.error("stopping: %s", problem)
                 print(f"fleet-server: error: {problem}", file=sys.stderr)
+                notifier.status(f"a part died: {problem}")
                 code = EXIT_PART_DIED
                 break
+            now = time.monotonic()
+            if pet_s is not None and now >= next_pet:
+                notifier.watchdog()
+                next_pet = now + pet_s
     finally:
+        notifier.stopping("stopping: API, services, broker, database")
         server.stop()
     return code
 
