@@ -29,6 +29,8 @@ PROBE_MIN_S = 0.1
 PROBE_MAX_S = 5.0
 """The hot path is asked every quarter of the watchdog's interval, within these bounds."""
 PROBE_TIMEOUT_MIN_S = 0.5
+FIRST_PROBE_S = 0.25
+"""How often the hot path is asked until it first answers."""
 STATUS_PROBE_S = 5.0
 """How often the hot path is asked when the watchdog is off (for ``STATUS=`` only)."""
 
@@ -148,7 +150,9 @@ class HotPathWatch:
                 self._verdict = verdict
                 if verdict.alive:
                     self.last_alive_at = asked
-            self._stop.wait(max(0.0, self.probe_s - (time.monotonic() - asked)))
+            # until the first answer, ask often: READY=1 should not wait a whole period
+            period = self.probe_s if verdict.answered or self.ready_sent else FIRST_PROBE_S
+            self._stop.wait(max(0.0, min(self.probe_s, period) - (time.monotonic() - asked)))
 
     def tick(self, now: float | None = None) -> None:
         """Send what is due: ``READY=1`` at the first answer, ``STATUS=`` when it
