@@ -16,12 +16,21 @@ CREDENTIAL_DIR_ID = "edgefleet"
 """The ID the units give their credentials directory (``LoadCredential=ID:DIR``)."""
 
 
+def credential_file(directory: str | Path | None, name: str) -> Path | None:
+    """The file of credential ``name`` in ``directory`` (``$CREDENTIALS_DIRECTORY``):
+    ``NAME``, else ``edgefleet_NAME``; None when neither is a file or no directory."""
+    if not directory:
+        return None
+    for file_name in (name, f"{CREDENTIAL_DIR_ID}_{name}"):
+        path = Path(directory) / file_name
+        if path.is_file():
+            return path
+    return None
+
+
 def read_secret(name: str) -> str | None:
     """The secret called ``name``, or None when neither place has it (or it is empty)."""
-    cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
-    if cred_dir:
-        for file_name in (name, f"{CREDENTIAL_DIR_ID}_{name}"):
-            path = Path(cred_dir) / file_name
-            if path.is_file():
-                return path.read_text(encoding="utf-8").strip() or None
+    path = credential_file(os.environ.get("CREDENTIALS_DIRECTORY"), name)
+    if path is not None:
+        return path.read_text(encoding="utf-8").strip() or None
     return os.environ.get(name) or None

@@ -34,6 +34,7 @@ from securesystemslib.signer import (  # type: ignore[attr-defined, unused-ignor
     SSlibKey,
 )
 
+from agent.kernel.secrets import credential_file
 from fleet_server.errors import KeystoreError, PassphraseError
 from fleet_server.repository._files import fsync_dir, make_dirs, write_durable
 
@@ -83,9 +84,10 @@ class Passphrases:
         for name in names:
             value: bytes | None = None
             source = f"${name}"
-            if creds and (Path(creds) / name).is_file():
-                source = f"$CREDENTIALS_DIRECTORY/{name}"
-                value = _read_credential(Path(creds) / name, where, role, names)
+            path = credential_file(creds, name)
+            if path is not None:
+                source = f"$CREDENTIALS_DIRECTORY/{path.name}"
+                value = _read_credential(path, where, role, names)
             elif name in self.environ:
                 value = self.environ[name].encode("utf-8")
             if value is not None:
