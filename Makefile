@@ -83,6 +83,35 @@ package-test: sysdeps $(STAMP) $(MODELS)
 	    $(PACKAGE_PKG); fi
 	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 tests/packaging tests/packaging_image
 
+# The Debian packages edgefleet-agent and edgefleet-server for each of ARCHES, version
+# VERSION, into dist/ (packaging/deb/build.py; docs/adr/0010-debian-packages.md). Wheels are
+# cached in .cache/packaging/wheels/<arch>/ (a warm build is offline). A wheel PyPI lacks
+# for an arch (hdrhistogram on arm64) is compiled in a bookworm root filesystem of that
+# arch, run through qemu-user-static for a foreign one (needs root).
+# Example: make deb ARCHES=amd64 VERSION=0.1.1
+ARCHES  ?= amd64 arm64
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DEB_TOOLS := dpkg-deb mmdebstrap systemd-nspawn
+DEB_PKG := dpkg mmdebstrap systemd-container qemu-user-static binfmt-support
+.PHONY: deb
+deb: $(STAMP)
+	@missing=""; for b in $(DEB_TOOLS); do \
+	  command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	case " $(ARCHES) " in *" arm64 "*) [ -x /usr/bin/qemu-aarch64-static ] || missing="$$missing qemu";; esac; \
+	if [ -n "$$missing" ]; then \
+	  echo "missing:$$missing -- installing $(DEB_PKG)"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
+	    $(DEB_PKG); fi
+	@case " $(ARCHES) " in *" arm64 "*) [ "$$(uname -m)" = aarch64 ] || \
+	  [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || { \
+	  [ -e /proc/sys/fs/binfmt_misc/register ] || \
+	    $(SUDO) mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; \
+	  $(SUDO) update-binfmts --enable qemu-aarch64; };; esac
+	for arch in $(ARCHES); do for part in agent server; do \
+	  $(PY) packaging/deb/build.py --part $$part --arch $$arch --version $(VERSION) \
+	    --out dist || exit 1; done; done
+
 # OCI images of both parts, from their .debs (make deb), with no base image and no
 # registry: mmdebstrap + umoci (packaging/oci/build.py; needs root). Writes
 # dist/edgefleet-<part>-<version>-amd64.oci.tar for docker load / podman load;
