@@ -30,11 +30,12 @@ $(STAMP): pyproject.toml
 # libfaketime (the clock-jump fault) and curl (a device's local HTTP endpoint). The web
 # console's browser tests drive Debian's headless Chromium (with a font to render text).
 # `edge-agent setup`'s camera tests compile the kernel's <linux/videodev2.h> (gcc,
-# linux-libc-dev) to check the V4L2 ioctl layouts.
+# linux-libc-dev) to check the V4L2 ioctl layouts. tests/systemd rates the packaged units
+# with systemd-analyze (systemd).
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium cc
+	chromium cc systemd-analyze
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
-	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev
+	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
