@@ -265,8 +265,10 @@ def stage(part: Part, arch: str, version: str, tree: Path, cache: Path) -> None:
             path.chmod(0o755 if path.is_dir() or path.stat().st_mode & 0o100 else 0o644)
 
 
-def build(part: Part, arch: str, version: str, out: Path, cache: Path) -> Path:
-    """Build the package; its path.
+def build(
+    part: Part, arch: str, version: str, out: Path, cache: Path, compression: str = "xz"
+) -> Path:
+    """Build the package (``compression``: dpkg-deb's -Z: xz, gzip or none); its path.
 
     Raises:
         BuildError: a step failed.
@@ -280,7 +282,8 @@ def build(part: Part, arch: str, version: str, out: Path, cache: Path) -> Path:
         stage(part, arch, version, tree, cache)
         _clamp_times(tree, epoch)
         partial = deb.with_suffix(".partial")
-        cmd = ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(partial)]
+        cmd = ["dpkg-deb", "--root-owner-group", f"-Z{compression}", "--build"]
+        cmd += [str(tree), str(partial)]
         print(f"+ {' '.join(cmd)}", flush=True)
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
         try:
@@ -308,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         help="wheel cache and scratch space (default .cache/packaging)",
     )
     parser.add_argument(
+        "--compression",
+        choices=("xz", "gzip", "none"),
+        default="xz",
+        help="of the package's data (default xz; the tests use none, faster to build)",
+    )
+    parser.add_argument(
         "--lock",
         action="store_true",
         help="write packaging/deb/requirements-<part>.txt from the running environment's "
@@ -327,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         check_version(version)
         args.cache.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        deb = build(PARTS[args.part], args.arch, version, args.out, args.cache.resolve())
+        cache = args.cache.resolve()
+        deb = build(PARTS[args.part], args.arch, version, args.out, cache, args.compression)
     except (BuildError, LockError) as exc:
         print(f"build.py: {exc}", file=sys.stderr)
         return 1

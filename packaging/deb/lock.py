@@ -161,7 +161,8 @@ def platform_args(arch: str) -> list[str]:
     args += ["--platform", f"manylinux2014_{machine}"]
     for minor in range(GLIBC_MINOR, 16, -1):
         args += ["--platform", f"manylinux_2_{minor}_{machine}"]
-    return args
+    # what buildroot.py compiles on bookworm itself (PyPI takes no such wheel)
+    return [*args, "--platform", f"linux_{machine}"]
 
 
 def _installed_constraints() -> str:

@@ -29,6 +29,10 @@ SYSTEM_LIBS = {
     "libz.so": "zlib1g",
 }
 """Shared libraries the wheels take from the system (manylinux policy lets them)."""
+VENDOR_PLUGINS = ("ai_edge_litert/vendors/",)
+"""Shared objects under these site-packages paths are NPU plugins (Qualcomm QNN, Intel
+OpenVINO, ...) that LiteRT loads only where the vendor's SDK is installed; the libraries
+they link are the SDK's, in no Debian package, so they are not dependencies."""
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,17 @@ def build_edgefleet_wheel(root: Path, version: str, out: Path) -> Path:
     return wheels[0]
 
 
+def _drop_direct_urls(site: Path) -> None:
+    """Remove PEP 610's direct_url.json (the build machine's path of a local wheel) and
+    its RECORD line: what pip installed from a file here is not installed from a URL."""
+    for found in site.glob("*.dist-info/direct_url.json"):
+        found.unlink()
+        record = found.parent / "RECORD"
+        rel = f"{found.parent.name}/{found.name},"
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(ln for ln in lines if not ln.startswith(rel)))
+
+
 def _drop_first_party(site: Path, keep: set[str]) -> None:
     """Remove the first-party packages not in ``keep`` and their lines in RECORD."""
     dropped = [name for name in FIRST_PARTY_DIRS if name not in keep]
@@ -254,6 +265,7 @@ def stage_venv(root: Path, part: Part, arch: str, version: str, prefix: Path, ca
     shutil.rmtree(site / "bin", ignore_errors=True)  # edgefleet's, written anew below
     keep = set(part.roots) | {"agent", "runtime", "firmware_profiles"}
     _drop_first_party(site, keep)
+    _drop_direct_urls(site)
     _write_layout(prefix)
     for command in part.commands:
         script = prefix / "bin" / command
