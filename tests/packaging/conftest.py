@@ -64,7 +64,7 @@ def debs() -> Debs:
         for version in (VERSION, NEXT_VERSION):
             out = DIST / version
             cmd = [sys.executable, str(BUILD), "--part", part, "--arch", ARCH]
-            cmd += ["--version", version, "--out", str(out)]
+            cmd += ["--version", version, "--out", str(out), "--compression", "none"]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
             if done.returncode != 0:
                 pytest.fail(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")

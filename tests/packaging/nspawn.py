@@ -176,10 +176,10 @@ class Container:
         return inside
 
     def install(self, deb: Path) -> None:
-        """``apt-get install ./X.deb`` inside, without downloading anything."""
+        """``apt-get install ./X.deb`` inside (no network there: nothing can be downloaded)."""
         inside = self.put(deb, f"/root/debs/{deb.name}")
         self.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "--no-download", inside],
+            ["apt-get", "install", "-y", "--no-install-recommends", inside],
             timeout_s=600,
             env={"DEBIAN_FRONTEND": "noninteractive"},
         )
