@@ -99,7 +99,9 @@ def test_setup_then_the_service_serves_with_its_credentials(box: Container) -> N
     assert box.path(CONFIG).is_file()
     secrets = {p.name for p in box.path(CREDS).iterdir()}
     assert {"EDGEFLEET_API_TOKEN", "EDGEFLEET_KEY_PASSPHRASE"} <= secrets
-    assert "EDGEFLEET_API_TOKEN" not in box.path(CONFIG).read_text()
+    token = box.path(f"{CREDS}/EDGEFLEET_API_TOKEN").read_text().strip()
+    assert token, "an empty API token"
+    assert token not in box.path(CONFIG).read_text(), "the config names secrets, never holds them"
     box.run(["systemctl", "restart", UNIT], timeout_s=START_S)
     wait_for(lambda: _up(box), START_S, f"{UNIT} serving ({box.journal(UNIT)})")
 
