@@ -103,7 +103,12 @@ def run_in(
         print(f"+ {' '.join(full)}", flush=True)
         try:
             return subprocess.run(
-                full, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+                full,
+                stdin=subprocess.DEVNULL,  # --pipe: a command reading stdin must see EOF
+                capture_output=True,
+                text=True,
+                timeout=RUN_TIMEOUT_S,
+                check=False,
             )
         except (subprocess.TimeoutExpired, OSError) as exc:
             raise BuildRootError(f"systemd-nspawn ({arch}) failed: {exc}") from exc
