@@ -67,7 +67,7 @@ TEST_WORKERS ?= 3
 
 test: sysdeps $(STAMP) $(MODELS) lint typecheck
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
-	  --ignore=tests/packaging --ignore=tests/packaging_image
+	  --ignore=tests/packaging
 
 # The Debian packages installed, upgraded, watched and purged in a booted Debian bookworm
 # (mmdebstrap + systemd-nspawn --boot; needs root), and the OCI images. The tests build the
@@ -82,7 +82,7 @@ package-test: sysdeps $(STAMP) $(MODELS)
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
 	    $(PACKAGE_PKG); fi
-	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 tests/packaging tests/packaging_image
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=10 --timeout 1800 tests/packaging
 
 # The Debian packages edgefleet-agent and edgefleet-server for each of ARCHES, version
 # VERSION, into dist/ (packaging/deb/build.py; docs/adr/0010-debian-packages.md). Wheels are

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.agent.installer.installer_helpers import make_bundle
-from tests.packaging.conftest import NEXT_VERSION, Debs
+from tests.packaging.debs import NEXT_VERSION, Debs
 from tests.packaging.nspawn import Container, booted, rootfs_tarball, wait_for
 
 UNIT = "edgefleet-fleet-server.service"

@@ -1,7 +1,8 @@
-"""The OCI archives ``make image`` writes: valid OCI and docker-archive indexes whose every
-blob matches its digest, a config that runs the part in the foreground as its user, a
-layer that holds the part's virtualenv, and the command running in the unpacked image
-(systemd-nspawn with the image's entrypoint as PID 1, its user and working directory)."""
+"""The OCI archives ``make image`` writes (built here from the session's .debs): valid
+OCI and docker-archive indexes whose every blob matches its digest, a config that runs
+the part in the foreground as its user, a layer that holds the part's virtualenv, and
+the command running in the unpacked image (systemd-nspawn with the image's entrypoint as
+PID 1, its user and working directory)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tests.packaging_image.conftest import VERSION, Image
+from tests.packaging.debs import VERSION
+from tests.packaging.image_fixtures import Image
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

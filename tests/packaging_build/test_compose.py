@@ -13,7 +13,9 @@ from typing import Any
 import tomllib
 import yaml
 
-from tests.packaging_image.conftest import ROOT, VERSION
+ROOT = Path(__file__).resolve().parents[2]
+VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]
+
 
 COMPOSE = ROOT / "packaging" / "compose"
 

@@ -1,6 +1,6 @@
-"""Fixtures of the image tests: both parts' OCI archives, built once per session by
-``make image`` (which builds the amd64 .debs with ``make deb`` first), each archive
-unpacked once as an OCI layout and once as a root filesystem (``umoci unpack``).
+"""Fixtures of the image tests: both parts' OCI archives, built once per session from
+the session's .debs the way ``make image`` builds them, each archive unpacked once as an
+OCI layout and once as a root filesystem (``umoci unpack``).
 
 They need root (mmdebstrap, umoci unpack keeping owners, systemd-nspawn) and are run by
 ``make package-test``, not ``make test``. ``IMAGE_DIST=DIR`` uses the archives already in
@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.packaging.debs import VERSION, Debs
+from tests.packaging.nspawn import ROOT
+
+BUILD = ROOT / "packaging" / "oci" / "build.py"
 ARCH = "amd64"
-VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]
 TOOLS = ("mmdebstrap", "umoci", "systemd-nspawn", "podman")
 BUILD_TIMEOUT_S = 3600
 
@@ -82,14 +84,10 @@ class Image:
 
 
 @pytest.fixture(scope="session")
-def archives() -> dict[str, Path]:
-    """``part -> dist/edgefleet-<part>-<version>-amd64.oci.tar``, built by ``make image``."""
-    if os.geteuid() != 0:
-        pytest.fail(
-            f"the image tests build and unpack root filesystems: run them as root "
-            f"(uid {os.geteuid()}); make package-test does",
-            pytrace=False,
-        )
+def archives(debs: Debs, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``part -> edgefleet-<part>-<version>-amd64.oci.tar``, built as ``make image`` does
+    (packaging/oci/build.py) from the session's .debs. ``IMAGE_DIST=DIR`` takes the
+    archives already in DIR instead (for iterating on the tests)."""
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         pytest.fail(
@@ -98,30 +96,27 @@ def archives() -> dict[str, Path]:
             pytrace=False,
         )
     given = os.environ.get("IMAGE_DIST")
-    dist = Path(given) if given else ROOT / "dist"
-    if not given:
+    found = {}
+    for part, spec in PARTS.items():
+        if given:
+            names = sorted(Path(given).glob(f"{spec.package}-*-{ARCH}.oci.tar"))
+            assert names, f"no {spec.package} archive in {given}"
+            found[part] = names[-1]
+            continue
+        out = tmp_path_factory.mktemp(f"oci-{part}")
+        cmd = [sys.executable, str(BUILD), "--part", part, "--deb", str(debs(part))]
+        cmd += ["--version", VERSION, "--out", str(out)]
         done = subprocess.run(
-            ["make", "-C", str(ROOT), "image"],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
+            cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
         )
         if done.returncode != 0:
             pytest.fail(
-                f"make image failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}", pytrace=False
+                f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}",
+                pytrace=False,
             )
-    found = {}
-    for part, spec in PARTS.items():
-        pattern = f"{spec.package}-*-{ARCH}.oci.tar" if given else None
-        names = (
-            sorted(dist.glob(pattern))
-            if pattern
-            else [dist / f"{spec.package}-{VERSION}-{ARCH}.oci.tar"]
-        )
-        assert names, f"no {spec.package} archive in {dist}"
-        assert names[-1].is_file(), f"make image wrote no {names[-1]}"
-        found[part] = names[-1]
+        archive = out / f"{spec.package}-{VERSION}-{ARCH}.oci.tar"
+        assert archive.is_file(), f"packaging/oci/build.py wrote no {archive}"
+        found[part] = archive
     return found
 
 
