@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -176,13 +177,23 @@ class Container:
         return inside
 
     def install(self, deb: Path) -> None:
-        """``apt-get install ./X.deb`` inside (no network there: nothing can be downloaded)."""
+        """``apt-get install ./X.deb`` inside (no network there: nothing can be downloaded).
+
+        How long it took is appended to ``.cache/packaging/installs.jsonl`` (the README's
+        install times come from there; no test asserts a time).
+        """
         inside = self.put(deb, f"/root/debs/{deb.name}")
+        started = time.monotonic()
         self.run(
             ["apt-get", "install", "-y", "--no-install-recommends", inside],
             timeout_s=600,
             env={"DEBIAN_FRONTEND": "noninteractive"},
         )
+        took = time.monotonic() - started
+        record = {"deb": deb.name, "bytes": deb.stat().st_size, "install_s": round(took, 1)}
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with (CACHE / "installs.jsonl").open("a") as out:
+            out.write(json.dumps(record) + "\n")
 
     def active(self, unit: str) -> bool:
         """``systemctl is-active`` says active."""
