@@ -6,8 +6,6 @@ An existing config is refused; ``--force`` keeps what exists; bad input changes 
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import stat
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from tests.fleet_server.auth_client import Browser
 from tests.fleet_server.fleet_api_support import http
 from tests.fleet_server.server_setup_support import (
     ADMIN,
-    ADMIN_PASSWORD,
     new_server,
     run_setup,
     serving,
@@ -142,18 +139,3 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert done.stderr.count("\n") == 1, done.stderr
     assert named in done.stderr
     assert list(server.root.iterdir()) == []
-
-
-def test_what_setup_makes_belongs_to_the_owner_and_the_config_to_root(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("giving files to another user needs root")
-    nobody = pwd.getpwnam("nobody")
-    server = new_server(tmp_path / "srv")
-    done = run_setup(server, "--owner", "nobody", "--admin", ADMIN, "--password-stdin",
-                     stdin=ADMIN_PASSWORD + "\n")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    made = [server.state, *server.state.rglob("*")]
-    assert {(p.stat().st_uid, p.stat().st_gid) for p in made} == {(nobody.pw_uid, nobody.pw_gid)}
-    assert (server.config.stat().st_uid, server.config.stat().st_gid) == (0, nobody.pw_gid)
-    for p in (server.creds, *server.creds.iterdir()):
-        assert p.stat().st_uid == 0
