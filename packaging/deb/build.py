@@ -37,6 +37,7 @@ from pathlib import Path
 # the sibling modules (parts, lock, stagevenv, buildroot), also when run from elsewhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from epoch import source_date_epoch
 from lock import LockError, lock
 from parts import ARCHES, PARTS, PYTHON_DEPENDS, Part
 from stagevenv import VenvError, stage_venv
@@ -67,24 +68,6 @@ def pyproject_version() -> str:
     if found is None:
         raise BuildError("pyproject.toml has no version")
     return found[1]
-
-
-def source_date_epoch() -> int:
-    """``SOURCE_DATE_EPOCH``, else the last commit's time, else now."""
-    given = os.environ.get("SOURCE_DATE_EPOCH")
-    if given:
-        return int(given)
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), "log", "-1", "--format=%ct"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        return int(done.stdout.strip())
-    except (subprocess.SubprocessError, OSError, ValueError):
-        return int(time.time())
 
 
 def check_version(version: str) -> None:

@@ -37,6 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Debian packages' parts and time stamp (packaging/deb/), one definition for both.
+sys.path.insert(0, str(ROOT / "packaging" / "deb"))
+
+from epoch import source_date_epoch  # noqa: E402
+from parts import PARTS as DEB_PARTS  # noqa: E402
+from parts import Part as DebPart  # noqa: E402
+
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 STEP_TIMEOUT_S = 3600
@@ -59,32 +66,41 @@ class BuildError(Exception):
 
 @dataclass(frozen=True)
 class Part:
-    """What differs between the agent's image and the server's."""
+    """What the image adds to its Debian package's part (packaging/deb/parts.py: name,
+    package, user, state and credentials directories)."""
 
-    name: str
-    package: str
-    user: str
+    deb: DebPart
     command: tuple[str, ...]
     ports: tuple[str, ...]
     title: str
     description: str
 
     @property
+    def name(self) -> str:
+        return self.deb.name
+
+    @property
+    def package(self) -> str:
+        return self.deb.package
+
+    @property
+    def user(self) -> str:
+        return self.deb.user
+
+    @property
     def state_dir(self) -> str:
         """The part's state directory (a volume)."""
-        return f"/var/lib/edgefleet/{self.name}"
+        return self.deb.state_dir
 
     @property
     def credentials_dir(self) -> str:
         """Where ``setup`` writes the part's secrets (the image's CREDENTIALS_DIRECTORY)."""
-        return f"/etc/edgefleet/credentials/{self.name}"
+        return self.deb.credentials_dir
 
 
 PARTS = {
     "agent": Part(
-        name="agent",
-        package="edgefleet-agent",
-        user="edgefleet",
+        deb=DEB_PARTS["agent"],
         command=("edge-agent", "run", "--config", "/etc/edgefleet/agent.toml"),
         ports=("9464/tcp",),
         title="edgefleet agent",
@@ -92,9 +108,7 @@ PARTS = {
         "decision log and uplink to the fleet",
     ),
     "server": Part(
-        name="server",
-        package="edgefleet-server",
-        user="edgefleet-server",
+        deb=DEB_PARTS["server"],
         command=("fleet-server", "serve", "--config", "/etc/edgefleet/fleet.toml"),
         ports=("8080/tcp", "8883/tcp"),
         title="edgefleet fleet server",
@@ -141,25 +155,6 @@ def deb_field(deb: Path, field: str) -> str:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         raise BuildError(f"cannot read {field} of {deb}: {exc}") from exc
     return done.stdout.strip()
-
-
-def source_date_epoch() -> int:
-    """``SOURCE_DATE_EPOCH``, else the last commit's time, else now: every time stamp in
-    the image (files, config, history) is this one, so equal inputs give equal images."""
-    given = os.environ.get("SOURCE_DATE_EPOCH")
-    if given:
-        return int(given)
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ROOT), "log", "-1", "--format=%ct"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        )
-        return int(done.stdout.strip())
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, ValueError):
-        return int(time.time())
 
 
 def make_rootfs(deb: Path, out: Path, cache: Path, arch: str, epoch: int, mirror: str) -> None:
