@@ -1,5 +1,14 @@
 """The decision log's tables, indexes and view, and the migrations that make them.
 
+- ``decisions``: one row per decision (:data:`COLUMNS`).
+- ``shadow_results`` (migration 0002): one row per sampled frame the candidate in the
+  shadow slot decided beside the live model (:data:`SHADOW_COLUMNS`), keyed by the live
+  decision's id; ``uploaded`` as for decisions.
+- ``drift_hours`` (migration 0003): per (model, version, line, source, hour) the counts
+  and fixed-bin histograms of what the model saw and said (:data:`DRIFT_COLUMNS`; the bin
+  edges are :data:`agent.wire.quality.DRIFT_BINS`); ``uploaded`` is 0 while the hour
+  changes after its last upload, 2 while queued, 1 once acknowledged.
+
 Migrations are sqlite-utils migrations recorded in ``_migrations`` (one row each: set,
 name, applied_at) in the same transaction that applies them; a reopened database
 applies only the ones it has not recorded.
@@ -91,6 +100,93 @@ def _create_decisions(db: Database) -> None:
     table.create_index(["model_version"], index_name="idx_decisions_model_version")
     table.create_index(["uploaded", "decision_time"], index_name="idx_decisions_uploaded_time")
     db.create_view(VIEW, _VIEW_SQL)
+
+
+SHADOW_TABLE = "shadow_results"
+SHADOW_COLUMNS: tuple[str, ...] = (
+    "decision_id",
+    "ts",
+    "source",
+    "line",
+    "live_model",
+    "live_version",
+    "live_outcome",
+    "live_ms",
+    "live_outputs",
+    "shadow_model",
+    "shadow_version",
+    "shadow_release",
+    "shadow_digest",
+    "shadow_outcome",
+    "shadow_ms",
+    "shadow_outputs",
+    "agree",
+    "iou_threshold",
+    "matched",
+    "unmatched_live",
+    "unmatched_shadow",
+    "thumbnail",
+    "uploaded",
+)
+"""``*_outputs`` are JSON texts (the post-processed outputs, as in ``decisions.outputs``);
+``agree`` is 0 or 1; ``thumbnail`` the path of the frame kept when they disagree."""
+_SHADOW_TYPES: dict[str, type] = {
+    "ts": float,
+    "live_ms": float,
+    "shadow_ms": float,
+    "shadow_release": int,
+    "agree": int,
+    "iou_threshold": float,
+    "matched": int,
+    "unmatched_live": int,
+    "unmatched_shadow": int,
+    "uploaded": int,
+}
+_SHADOW_NULLABLE = frozenset({"shadow_release", "thumbnail"})
+
+DRIFT_TABLE = "drift_hours"
+DRIFT_COLUMNS: tuple[str, ...] = (
+    "model_name",
+    "model_version",
+    "line",
+    "source",
+    "hour",
+    "n",
+    "outcomes",
+    "top_class",
+    "hist",
+    "updated",
+    "uploaded",
+)
+"""``outcomes`` and ``top_class`` are JSON objects of counts, ``hist`` a JSON object of
+histogram name -> list of counts; ``hour`` the hour's start (Unix seconds)."""
+DRIFT_KEY = ("model_name", "model_version", "line", "source", "hour")
+
+
+@MIGRATIONS(name="0002_create_shadow_results")
+def _create_shadow_results(db: Database) -> None:
+    table = db.table(SHADOW_TABLE)
+    table.create(
+        {c: _SHADOW_TYPES.get(c, str) for c in SHADOW_COLUMNS},
+        pk="decision_id",
+        not_null=[c for c in SHADOW_COLUMNS if c not in _SHADOW_NULLABLE],
+        defaults={"uploaded": 0},
+    )
+    table.create_index(["uploaded", "ts"], index_name="idx_shadow_uploaded_ts")
+    table.create_index(["ts"], index_name="idx_shadow_ts")
+
+
+@MIGRATIONS(name="0003_create_drift_hours")
+def _create_drift_hours(db: Database) -> None:
+    table = db.table(DRIFT_TABLE)
+    types = {"hour": int, "n": int, "updated": float, "uploaded": int}
+    table.create(
+        {c: types.get(c, str) for c in DRIFT_COLUMNS},
+        pk=DRIFT_KEY,
+        not_null=list(DRIFT_COLUMNS),
+        defaults={"uploaded": 0},
+    )
+    table.create_index(["uploaded", "hour"], index_name="idx_drift_uploaded_hour")
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:

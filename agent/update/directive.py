@@ -3,7 +3,9 @@
 A directive is a TUF ``Metadata[Targets]`` document: ``signed.version`` is the monotonic
 counter, ``signed.expires`` the expiry, ``signed.targets`` holds exactly one
 ``bundles/<name>/<release>/manifest.json`` with its length and hashes, and
-``signed.custom`` names the device and its hardware class. Its signatures are checked
+``signed.custom`` names the device and its hardware class, and its ``mode``: ``active``
+(install and switch; the default when absent) or ``shadow`` (install into the shadow slot
+beside the active bundle, run on sampled frames, never act). Its signatures are checked
 with the trusted top-level targets' delegation to the role ``director``
 (``Targets.verify_delegate``) — no hand-written cryptography. This module checks what a
 directive says; the counter, expiry and release rules that need the device's state are
@@ -28,6 +30,9 @@ from agent.wire import untrusted
 from agent.wire.manifest import MANIFEST_NAME
 
 DIRECTOR_ROLE = "director"
+MODE_ACTIVE = "active"
+MODE_SHADOW = "shadow"
+MODES = (MODE_ACTIVE, MODE_SHADOW)
 MAX_DIRECTIVE_BYTES = 64 * 1024
 BUNDLES_PREFIX = "bundles"
 _TARGET = re.compile(
@@ -100,6 +105,7 @@ class Directive:
         name, release: the bundle and release it assigns.
         length, hashes: of the manifest target, as the director signed them.
         digest: sha256 of the signed part; equal digests are the same directive.
+        mode: ``active`` (install and switch) or ``shadow`` (install into the shadow slot).
     """
 
     counter: int
@@ -112,6 +118,7 @@ class Directive:
     length: int
     hashes: dict[str, str] = field(default_factory=dict)
     digest: str = ""
+    mode: str = MODE_ACTIVE
 
     def is_expired(self, now: datetime) -> bool:
         """Whether the directive has expired at ``now``."""
@@ -179,6 +186,9 @@ def verify_directive(
         raise DirectiveRefused(
             f"for hardware class {_shown(for_class)}, this device is {hardware_class!r}"
         )
+    mode = custom.get("mode", MODE_ACTIVE)
+    if mode not in MODES:
+        raise DirectiveRefused(f"custom.mode {_shown(str(mode))} is not one of {', '.join(MODES)}")
     if len(signed.targets) != 1:
         raise DirectiveRefused(f"names {len(signed.targets)} targets, not one manifest")
     ((path, target),) = signed.targets.items()
@@ -199,4 +209,5 @@ def verify_directive(
         length=target.length,
         hashes=dict(target.hashes),
         digest=hashlib.sha256(payload).hexdigest(),
+        mode=mode,
     )

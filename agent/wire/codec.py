@@ -18,6 +18,7 @@ from agent.wire.envelope import (
     PayloadTooLarge,
     error_text,
 )
+from agent.wire.quality import DriftBatch, ShadowBatch
 from agent.wire.reports import Health, Telemetry
 
 M = TypeVar("M", bound=Message)
@@ -89,6 +90,32 @@ def parse_telemetry(
     """
     raw = parse_object("telemetry", payload, max_bytes)
     model: type[Health | Telemetry] = Health if raw.get("kind") == "health" else Telemetry
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise MessageError(_kind_of(model), error_text(exc)) from exc
+
+
+def parse_quality(
+    payload: bytes | bytearray | memoryview, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> ShadowBatch | DriftBatch:
+    """A payload of the quality topic: :class:`ShadowBatch` when ``kind`` is "shadow",
+    :class:`DriftBatch` when it is "drift".
+
+    Raises:
+        PayloadTooLarge: over ``max_bytes``.
+        MessageError: not JSON, not an object, an unknown kind, or a field missing or
+            invalid (named).
+    """
+    raw = parse_object("quality", payload, max_bytes)
+    kind = raw.get("kind")
+    models: dict[object, type[ShadowBatch | DriftBatch]] = {
+        "shadow": ShadowBatch,
+        "drift": DriftBatch,
+    }
+    model = models.get(kind)
+    if model is None:
+        raise MessageError("quality", f"kind {kind!r} is neither 'shadow' nor 'drift'")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -1,5 +1,6 @@
 """The messages a device reports to the fleet, in one place: state, heartbeat, health,
-telemetry, decision uploads, decision thumbnails and events; with :func:`parse` and
+telemetry, decision uploads, decision thumbnails, events and the model-quality records
+(:mod:`agent.wire.quality`: shadow comparisons, drift histograms); with :func:`parse` and
 :func:`encode`. Each idea has its module, and every name is importable from here too:
 
 - :mod:`agent.wire.envelope`: what every message carries (schema version, device id, a
@@ -25,7 +26,7 @@ ts) (``seq`` counts up from 0 at agent start, ``ts`` tells two runs apart); a de
 
 from __future__ import annotations
 
-from agent.wire.codec import M, encode, parse, parse_object, parse_telemetry
+from agent.wire.codec import M, encode, parse, parse_object, parse_quality, parse_telemetry
 from agent.wire.decisions import (
     MAX_DECISION_ROWS,
     MAX_THUMBNAIL_BYTES,
@@ -57,6 +58,13 @@ from agent.wire.events import (
     Event,
     install_state_event,
 )
+from agent.wire.quality import (
+    DriftBatch,
+    DriftHour,
+    ShadowBatch,
+    ShadowRecord,
+    ShadowSummary,
+)
 from agent.wire.reports import (
     BundleRef,
     Health,
@@ -82,6 +90,8 @@ __all__ = [
     "DecisionRow",
     "DecisionUpload",
     "DeviceId",
+    "DriftBatch",
+    "DriftHour",
     "Event",
     "Finite",
     "Health",
@@ -94,6 +104,9 @@ __all__ = [
     "RecordId",
     "ReportedState",
     "Sample",
+    "ShadowBatch",
+    "ShadowRecord",
+    "ShadowSummary",
     "Telemetry",
     "ThumbnailUpload",
     "Timestamp",
@@ -102,5 +115,6 @@ __all__ = [
     "install_state_event",
     "parse",
     "parse_object",
+    "parse_quality",
     "parse_telemetry",
 ]

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from agent.wire.base import WireModel
 from agent.wire.envelope import Count, Finite, Message, Sample, Timestamp
+from agent.wire.quality import ShadowSummary
 
 
 class BundleRef(WireModel):
@@ -37,6 +38,9 @@ class ReportedState(Message):
     labels: dict[str, str] = Field(default_factory=dict, description="Selector labels.")
     active: BundleRef | None = Field(None, description="The bundle the device runs.")
     previous: BundleRef | None = Field(None, description="The bundle it ran before.")
+    shadow: BundleRef | None = Field(
+        None, description="The candidate in the shadow slot (runs beside, never acts)."
+    )
 
     @classmethod
     def offline(cls, device_id: str) -> ReportedState:
@@ -80,6 +84,9 @@ class Health(Sample):
     )
     disk_free_mb: Finite | None = Field(None, ge=0, description="Free space on the data disk.")
     disk_used_mb: Finite | None = Field(None, ge=0, description="Used space on the data disk.")
+    shadow: ShadowSummary | None = Field(
+        None, description="The shadow comparison, while a candidate runs in the shadow slot."
+    )
 
 
 class Telemetry(Sample):

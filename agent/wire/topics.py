@@ -86,6 +86,12 @@ def thumbnails(device_id: str) -> str:
     return f"{_device(device_id)}/thumbnails"
 
 
+def quality(device_id: str) -> str:
+    """Device -> fleet: model-quality records (shadow comparisons, drift histograms),
+    told apart by ``kind`` (:mod:`agent.wire.quality`)."""
+    return f"{_device(device_id)}/quality"
+
+
 def events(device_id: str) -> str:
     """Device -> fleet: events (install progress, alarms)."""
     return f"{_device(device_id)}/events"

@@ -93,8 +93,13 @@ def issue_directive(
     expires_in: timedelta = DEFAULT_EXPIRY,
     *,
     now: datetime | None = None,
+    mode: str = "active",
 ) -> bytes:
     """A signed directive (JSON bytes) assigning ``bundle_name`` ``release`` to a device.
+
+    ``mode`` is ``active`` (install and switch) or ``shadow`` (install into the device's
+    shadow slot, run beside the active bundle, never act); a shadow directive carries
+    ``custom.mode``, an active one does not (older agents read it as before).
 
     ``counter`` defaults to :func:`next_counter`; an explicit one is used as given (the
     device refuses one not above what it has applied) and the record keeps the highest.
@@ -113,6 +118,8 @@ def issue_directive(
         raise DirectiveError(device_id, str(exc)) from exc
     if expires_in <= timedelta(0):
         raise DirectiveError(device_id, f"expiry {expires_in} is not in the future")
+    if mode not in ("active", "shadow"):
+        raise DirectiveError(device_id, f"mode {mode!r} is neither 'active' nor 'shadow'")
     now = now or utcnow()
     with repo.locked():
         targets = repo.targets().signed
@@ -130,6 +137,9 @@ def issue_directive(
                 f"{', '.join(profiles)}, not {hardware_class!r}",
             )
         counter = next_counter(repo, device_id) if counter is None else counter
+        custom = {"device_id": device_id, "hardware_class": hardware_class}
+        if mode == "shadow":
+            custom["mode"] = mode
         if counter < 1:
             raise DirectiveError(device_id, f"counter {counter} is not positive")
         directive = Metadata(
@@ -137,9 +147,7 @@ def issue_directive(
                 version=counter,
                 expires=now + expires_in,
                 targets={path: TargetFile(target.length, dict(target.hashes), path)},
-                unrecognized_fields={
-                    "custom": {"device_id": device_id, "hardware_class": hardware_class}
-                },
+                unrecognized_fields={"custom": custom},
             )
         )
         role = targets.get_delegated_role(DIRECTOR) if targets.delegations else None

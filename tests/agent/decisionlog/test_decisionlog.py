@@ -260,7 +260,11 @@ def test_migrations_are_recorded_once_and_not_reapplied(state_dir: Path) -> None
     conn = sqlite3.connect(state_dir / "decisions.db")
     rows = conn.execute("SELECT name, applied_at FROM _migrations").fetchall()
     conn.close()
-    assert [r[0] for r in rows] == ["0001_create_decisions"]
+    assert [r[0] for r in rows] == [
+        "0001_create_decisions",
+        "0002_create_shadow_results",
+        "0003_create_drift_hours",
+    ]
     assert count_rows(state_dir / "decisions.db") == 3
 
 
