@@ -30,6 +30,9 @@ MAX_CLASSES = 64
 """Top-class counts keep this many labels; the rest are summed under :data:`OTHER`."""
 OTHER = "__other__"
 HOUR_S = 3600
+PERIODS_S = (60, 300, 600, 900, 1800, HOUR_S)
+"""Bucket lengths a device may count in: an hour in production; shorter ones let a test or
+a trial line see drift within minutes."""
 
 DRIFT_BINS: dict[str, tuple[float, ...]] = {
     # score / confidence of the top item: deciles
@@ -130,7 +133,10 @@ class DriftHour(WireModel):
     model_version: str = Field(description="Version.")
     line: str = Field(description="Production line.")
     source: str = Field(description="Camera or sensor.")
-    hour: int = Field(ge=0, description="Start of the hour, Unix seconds (a multiple of 3600).")
+    hour: int = Field(
+        ge=0, description="Start of the bucket (an hour), Unix seconds, a multiple of period_s."
+    )
+    period_s: int = Field(HOUR_S, description=f"Bucket length, seconds: one of {PERIODS_S}.")
     n: Count = Field(description="Decisions in the hour.")
     outcomes: dict[str, Count] = Field(default_factory=dict, description="Outcome -> count.")
     top_class: dict[str, Count] = Field(
@@ -143,8 +149,10 @@ class DriftHour(WireModel):
 
     @model_validator(mode="after")
     def _check(self) -> DriftHour:
-        if self.hour % HOUR_S:
-            raise ValueError(f"hour {self.hour} is not a multiple of {HOUR_S}")
+        if self.period_s not in PERIODS_S:
+            raise ValueError(f"period_s {self.period_s} is not one of {PERIODS_S}")
+        if self.hour % self.period_s:
+            raise ValueError(f"hour {self.hour} is not a multiple of period_s {self.period_s}")
         if len(self.top_class) > MAX_CLASSES + 1:
             raise ValueError(f"top_class has {len(self.top_class)} labels (max {MAX_CLASSES})")
         for name, counts in self.hist.items():
