@@ -283,3 +283,70 @@ decision_images = sa.Table(
 decision's id and the uploading device (so a device that sends a picture under another
 device's decision id first can't keep the real one out). No foreign key: it may arrive
 before the decision row. An image is shown only with the decision of the same device."""
+
+# -- model quality (fleet_server.quality, issue 17) --------------------------------------
+
+shadow_results = sa.Table(
+    "shadow_results",
+    metadata,
+    sa.Column("device_id", sa.Text, primary_key=True),
+    sa.Column("decision_id", sa.Text, primary_key=True),
+    sa.Column("ts", TS, nullable=False),
+    sa.Column("received_at", TS, nullable=False),
+    sa.Column("line", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("live_model", sa.Text, nullable=False),
+    sa.Column("live_version", sa.Text, nullable=False),
+    sa.Column("live_outcome", sa.Text, nullable=False),
+    sa.Column("shadow_model", sa.Text, nullable=False),
+    sa.Column("shadow_version", sa.Text, nullable=False),
+    sa.Column("shadow_release", sa.BigInteger),
+    sa.Column("shadow_outcome", sa.Text, nullable=False),
+    sa.Column("agree", sa.Boolean, nullable=False),
+    sa.Column("payload", json_type(), nullable=False),
+    sa.Index(None, "shadow_model", "shadow_version", "ts"),
+    sa.Index(None, "ts"),
+)
+"""One sampled frame decided by the live model and a candidate in a device's shadow slot
+(the :class:`agent.wire.quality.ShadowRecord` in ``payload``), keyed by the device and
+the live decision's id: a second copy is a no-op. ``line`` is the device's word (a
+record is stored only for a model version the fleet knows for that device)."""
+
+drift_hours = sa.Table(
+    "drift_hours",
+    metadata,
+    sa.Column("device_id", sa.Text, primary_key=True),
+    sa.Column("model_name", sa.Text, primary_key=True),
+    sa.Column("model_version", sa.Text, primary_key=True),
+    sa.Column("line", sa.Text, primary_key=True),
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("hour", sa.BigInteger, primary_key=True),
+    sa.Column("n", sa.BigInteger, nullable=False),
+    sa.Column("payload", json_type(), nullable=False),
+    sa.Column("received_at", TS, nullable=False),
+    sa.Index(None, "model_name", "model_version", "line", "hour"),
+    sa.Index(None, "line", "hour"),
+)
+"""A device's drift bucket (:class:`agent.wire.quality.DriftHour`): ``hour`` is the
+bucket's start (Unix s), ``payload`` holds ``period_s``, ``outcomes``, ``top_class`` and
+``hist``. Rows are totals, so a newer copy of a bucket replaces the older one (upsert)."""
+
+drift_status = sa.Table(
+    "drift_status",
+    metadata,
+    sa.Column("model_name", sa.Text, primary_key=True),
+    sa.Column("model_version", sa.Text, primary_key=True),
+    sa.Column("line", sa.Text, primary_key=True),
+    sa.Column("pin_start", TS),
+    sa.Column("pin_end", TS),
+    sa.Column("pinned_by", sa.Text),
+    sa.Column("drifted", sa.Boolean, nullable=False),
+    sa.Column("changed_at", TS),
+    sa.Column("checked_at", TS),
+    sa.Column("result", json_type()),
+)
+"""What the fleet holds per (model version, line) for drift: a reference window an
+operator pinned (``pin_start``..``pin_end``, NULL = the default first hours), and the
+last verdict of the drift job (``drifted``, since ``changed_at``; ``result`` the last
+report), so that an event is emitted once per crossing and the console shows a badge
+without recomputing."""
