@@ -27,6 +27,7 @@ from agent.kernel.toml import MAX_CONFIG_BYTES, load_toml_file
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
 from agent.sensors.config import SensorConfig
+from agent.shadow.config import ShadowConfig
 from agent.uplink.config import UplinkConfig
 from agent.wire.messages import MAX_THUMBNAIL_BYTES
 from agent.wire.topics import is_device_id
@@ -188,6 +189,10 @@ class AgentConfig(Section):
     )
     uplink: UplinkConfig = Field(
         default_factory=UplinkConfig, description="Reports to the fleet (state, health...)."
+    )
+    shadow: ShadowConfig = Field(
+        default_factory=ShadowConfig,
+        description="A candidate in a bundle's shadow slot, run beside the live model.",
     )
 
     def uses_installer(self) -> bool:

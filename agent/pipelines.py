@@ -6,11 +6,17 @@ running, the pool and the pipeline threads are new.
 A part that can't start (a bundle that is missing, a model that does not load, a sensor
 that can't connect) is recorded as a :class:`~agent.planning.Problem` and left out; the
 rest runs.
+
+A pipeline whose first stage is an installed bundle with a candidate in its shadow slot
+also gets that candidate in the pool (``<pipeline>#shadow``) and a shadow thread
+(:mod:`agent.shadow`); a candidate that does not load is a problem of its own and never
+takes the live pipeline down. A reload notices a candidate appearing, going or changing.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,13 +24,28 @@ from pathlib import Path
 from typing import Any
 
 from agent.capture import Camera
-from agent.config import AgentConfig
+from agent.config import AgentConfig, PipelineConfig
 from agent.kernel.errors import EdgefleetError
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import MAX_IN_FLIGHT, Decision, PipelineRunner, Stage
 from agent.planning import Plan, Problem, Resolver, config_bundles, plan_pipelines
 from agent.sensors import SensorSource, make_sensor
-from runtime import ModelConfig, ModelLoadError, PoolConfig, WorkerPool
+from agent.shadow.loading import (
+    SHADOW_PROBLEM,
+    SHADOW_QUEUE_BOUND,
+    ShadowPlan,
+    ShadowRef,
+    ShadowResolver,
+    installed_shadows,
+    plan_shadow,
+    shadow_ref,
+)
+from agent.shadow.runner import ShadowRunner
+from agent.shadow.sampler import Sampler
+from agent.shadow.stats import ShadowKey, ShadowStats, health_summary
+from agent.shadow.store import ShadowStore
+from agent.wire.quality import ShadowSummary
+from runtime import EdgeRuntimeError, ModelConfig, ModelLoadError, PoolConfig, WorkerPool
 from runtime.profiles import load_profile
 
 log = logging.getLogger(__name__)
@@ -61,7 +82,15 @@ class Pipelines:
         self.sensors: dict[str, SensorSource] = {}
         self.runners: list[PipelineRunner] = []
         self.pool: WorkerPool | None = None
-        self._loaded: dict[str, list[Path]] = {}
+        self.shadow_resolve: ShadowResolver = installed_shadows(config)
+        """Where each pipeline's candidate is (default: its installed bundle's shadow
+        slot); a bench or test may point it elsewhere before :meth:`start`."""
+        self.shadows: dict[str, ShadowRunner] = {}
+        """The running shadow of each pipeline that has one."""
+        self.shadow_stats: dict[ShadowKey, ShadowStats] = {}
+        """Every candidate's totals since this agent started (kept across reloads)."""
+        self._loaded: dict[str, tuple[list[Path], ShadowRef | None]] = {}
+        self._shadow_plans: dict[str, ShadowPlan] = {}
         self._reload_lock = threading.Lock()
 
     def start(self) -> None:
@@ -75,19 +104,22 @@ class Pipelines:
         self.problems.extend(problems)
         for p in problems:
             log.error("%s not started: %s", p.part, p.reason)
+        self._shadow_plans = self._plan_shadows(plans)
         plans = self._start_pool(plans)
         self._start_sources({pl.config.source for pl in plans})
         for plan in plans:
             self._start_runner(plan)
 
     def reload_if_changed(self) -> bool:
-        """Reload when a pipeline's bundles now resolve to other directories."""
-        wanted: dict[str, list[Path]] = {}
+        """Reload when a pipeline's bundles now resolve to other directories, or its
+        shadow candidate appeared, went or changed (its slot or its manifest)."""
+        wanted: dict[str, tuple[list[Path], ShadowRef | None]] = {}
         for p in self.config.pipelines:
             try:
-                wanted[p.name] = (self.resolve or config_bundles)(p)
+                paths = (self.resolve or config_bundles)(p)
             except EdgefleetError:
-                wanted[p.name] = []
+                paths = []
+            wanted[p.name] = (paths, self._shadow_ref(p))
         if wanted == self._loaded:
             return False
         self.reload()
@@ -102,12 +134,17 @@ class Pipelines:
             for r in self.runners:
                 r.join(2.0)
             self.runners = []
+            self._stop_shadows(2.0)
             self._loaded = {}
             self._on_reload()
             if self.pool is not None:
                 self.pool.close()
                 self.pool = None
-            self.problems[:] = [p for p in self.problems if not p.part.startswith(PIPELINE_PROBLEM)]
+            self.problems[:] = [
+                p
+                for p in self.problems
+                if not p.part.startswith((PIPELINE_PROBLEM, SHADOW_PROBLEM))
+            ]
             self._start_all()
 
     def bundle_health(self, bundle: str) -> Mapping[str, float]:
@@ -155,6 +192,30 @@ class Pipelines:
             r.stop()
         for r in self.runners:
             r.join(max(0.1, min(2.0, deadline - time.monotonic())))
+        self._stop_shadows(max(0.1, min(2.0, deadline - time.monotonic())))
+
+    def shadow_summary(self) -> ShadowSummary | None:
+        """The health report's ``shadow``: the totals of the candidate running now (pooled
+        over the pipelines that run it), None when no candidate runs."""
+        running = {r.key for r in self.shadows.values()}
+        return health_summary(s for k, s in self.shadow_stats.items() if k in running)
+
+    def shadow_counters(self) -> dict[str, dict[str, int]]:
+        """Per pipeline with a shadow: frames offered, sampled, compared, agreed, skipped
+        (busy pool, shadow still busy), errors."""
+        out: dict[str, dict[str, int]] = {}
+        for name, sh in self.shadows.items():
+            c = sh.counts
+            out[name] = {
+                "offered": sh.sampler.offered,
+                "sampled": sh.sampler.sampled,
+                "compared": c.compared,
+                "agreed": c.agreed,
+                "skipped_busy": c.skipped_busy,
+                "skipped_behind": c.skipped_behind,
+                "errors": c.errors,
+            }
+        return out
 
     def close_pool(self, timeout_s: float) -> None:
         if self.pool is not None:
@@ -176,11 +237,18 @@ class Pipelines:
                 for i, (bundle, name) in enumerate(zip(plan.bundles, plan.models, strict=True)):
                     bound = max(8, 2 * plan.max_crops[i])
                     models.append(bundle.model_config(name, queue_bound=bound))
-            pool = WorkerPool(models, pool_cfg)
+            shadows = self._shadow_models(plans, models)
+            pool: WorkerPool | None = None
             try:
+                pool = WorkerPool(models, pool_cfg)
                 pool.start()
             except ModelLoadError as e:
-                pool.close()
+                if pool is not None:
+                    pool.close()
+                shadow = next((sp for sp in shadows if sp.model_path == e.path), None)
+                if shadow is not None:  # the candidate's fault: the live pipelines go on
+                    self._shadow_failed(shadow.pipeline, str(e))
+                    continue
                 bad = [pl for pl in plans if any(str(b.model_file()) == e.path for b in pl.bundles)]
                 if not bad:
                     raise
@@ -189,9 +257,116 @@ class Pipelines:
                     log.error("pipeline %s not started: %s", pl.config.name, e)  # noqa: TRY400
                 plans = [pl for pl in plans if pl not in bad]
                 continue
-            self.pool = pool
+            except EdgeRuntimeError as e:
+                if pool is not None:
+                    pool.close()
+                if not shadows:
+                    raise
+                for sp in shadows:  # which one is unknown: the live pipelines go first
+                    self._shadow_failed(sp.pipeline, f"the pool did not start with it: {e}")
+                continue
+            if pool is not None:
+                self.pool = pool
             return plans
         return plans
+
+    # -- shadows -------------------------------------------------------------------------
+    def _shadow_models(self, plans: list[Plan], models: list[ModelConfig]) -> list[ShadowPlan]:
+        """Add the candidates of ``plans`` to ``models``; the ones added."""
+        live = {pl.config.name for pl in plans}
+        added: list[ShadowPlan] = []
+        for sp in list(self._shadow_plans.values()):
+            if sp.pipeline not in live:
+                continue
+            try:
+                models.append(sp.bundle.model_config(sp.model, queue_bound=SHADOW_QUEUE_BOUND))
+            except EdgefleetError as e:
+                self._shadow_failed(sp.pipeline, str(e))
+                continue
+            added.append(sp)
+        return added
+
+    def _shadow_ref(self, p: PipelineConfig) -> ShadowRef | None:
+        try:
+            return shadow_ref(self.shadow_resolve(p))
+        except (OSError, EdgefleetError):
+            return None
+
+    def _plan_shadows(self, plans: list[Plan]) -> dict[str, ShadowPlan]:
+        """Each planned pipeline's candidate, loaded and checked; one that fails is a
+        problem (``shadow <pipeline>``) and its pipeline runs without a shadow."""
+        out: dict[str, ShadowPlan] = {}
+        profile = load_profile(self.config.agent.profile).name
+        for plan in plans:
+            name = plan.config.name
+            try:
+                path = self.shadow_resolve(plan.config)
+                if path is None:
+                    continue
+                out[name] = plan_shadow(name, path, plan.bundles[0], profile)
+            except (OSError, EdgefleetError) as e:
+                self._shadow_failed(name, str(e))
+        return out
+
+    def _shadow_failed(self, pipeline: str, reason: str) -> None:
+        self._shadow_plans.pop(pipeline, None)
+        self.problems.append(Problem(f"{SHADOW_PROBLEM}{pipeline}", reason))
+        log.error("shadow of pipeline %s not started: %s", pipeline, reason)
+
+    def _stats_for(self, key: ShadowKey, store: ShadowStore) -> ShadowStats:
+        """The candidate's totals: kept since this agent started, seeded once from the
+        comparisons already in the decision log."""
+        stats = self.shadow_stats.get(key)
+        if stats is None:
+            stats = ShadowStats(key)
+            stats.seed(store.seed_rows(key))
+            self.shadow_stats[key] = stats
+        return stats
+
+    def _start_shadow(self, runner: PipelineRunner) -> None:
+        """Give ``runner`` its shadow, when its candidate loaded (a failure here is the
+        shadow's problem; the runner starts without it)."""
+        sp = self._shadow_plans.get(runner.name)
+        if sp is None or self.pool is None:
+            return
+        cfg = self.config
+        try:
+            candidate = Stage.build(sp.bundle, sp.model, self.pool)
+            store = ShadowStore(cfg.agent.state_dir, cfg.decision_log)
+        except (OSError, sqlite3.Error, EdgefleetError) as e:
+            self._shadow_failed(runner.name, str(e))
+            return
+        try:
+            stats = self._stats_for(sp.key, store)
+        except sqlite3.Error as e:
+            store.close()
+            self._shadow_failed(runner.name, f"reading its stored results: {e}")
+            return
+        shadow = ShadowRunner(
+            runner.name,
+            pool=self.pool,
+            candidate=candidate,
+            live_stages=runner.stages,
+            policy=runner.policy,
+            key=sp.key,
+            stats=stats,
+            store=store,
+            sampler=Sampler(cfg.shadow.sample, cfg.shadow.max_fps),
+            iou_threshold=cfg.shadow.iou_threshold,
+            wait_timeout_s=runner.wait_timeout_s,
+        )
+        self.shadows[runner.name] = shadow
+        runner.shadow = shadow.offer
+        shadow.start()
+
+    def _stop_shadows(self, timeout_s: float) -> None:
+        for sh in self.shadows.values():
+            sh.stop()
+        deadline = time.monotonic() + timeout_s
+        for name, sh in self.shadows.items():
+            if not sh.join(max(0.0, deadline - time.monotonic())):
+                log.warning("the shadow of pipeline %s did not stop in time", name)
+        self.shadows = {}
 
     def _start_sources(self, used: set[str]) -> None:
         for cam_cfg in self.config.cameras:
@@ -243,7 +418,8 @@ class Pipelines:
             in_flight=max(1, min(MAX_IN_FLIGHT, self.pool.config.workers)),
         )
         self.runners.append(runner)
-        self._loaded[name] = [b.path for b in plan.bundles]
+        self._loaded[name] = ([b.path for b in plan.bundles], self._shadow_ref(plan.config))
+        self._start_shadow(runner)
         if isinstance(source, Camera):
             self._watch_serving(source)
         runner.start()

@@ -148,6 +148,14 @@ class Dispatcher(SlotReturns):
         with self.lock:
             return self._scheduler.queued(model)
 
+    def busy(self) -> bool:
+        """Whether a new request would wait: one of any model is queued (or queued ahead
+        at a busy worker), or no worker is idle."""
+        with self.lock:
+            if self._scheduler.total_queued() or not self._supervisor.idle:
+                return True
+            return any(len(w.inflight) > 1 for w in self._supervisor.workers)
+
     # -- moving slot ids ---------------------------------------------------------------
     def _next_worker(self) -> Worker | None:
         """An idle worker, else (pipelining) a busy one with nothing queued ahead: the

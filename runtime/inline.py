@@ -182,6 +182,12 @@ class InlineLanes(SlotReturns):
         with self.lock:
             return max(0, self._outstanding[model])
 
+    def busy(self) -> bool:
+        """Whether a new request would wait: any request of any model is reserved,
+        waiting for a lane or running."""
+        with self.lock:
+            return any(n > 0 for n in self._outstanding)
+
     def _lane(self) -> _Lane:
         """This thread's lane: taken (and the thread pinned) on its first request."""
         lane: _Lane | None = getattr(self._local, "lane", None)

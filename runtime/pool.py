@@ -294,6 +294,13 @@ class WorkerPool:
         """Requests of ``model`` waiting for a worker now."""
         return self._dispatcher.queued(self._model_index(model))
 
+    def busy(self) -> bool:
+        """Whether a request submitted now would wait for a worker: a request of any
+        model is queued, or no worker is idle. Non-blocking (one short lock); for work
+        that must only use spare capacity (a shadow model at background priority skips
+        its frame instead of queueing behind the live path)."""
+        return self._dispatcher.busy()
+
     def restarts(self) -> int:
         return self._supervisor.restarts()
 

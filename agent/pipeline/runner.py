@@ -10,6 +10,11 @@ decision on. Frames are decided in the order they were taken, which is capture o
 one camera's decisions are emitted in capture order whatever worker finishes first.
 With ``in_flight = 1`` this is the one-frame-in-flight loop of ADR 0002. Inference
 failures are counted per reason and the pipeline goes on.
+
+A pipeline may carry a *shadow* hook (:mod:`agent.shadow`): the decider calls it with
+each decision and its input only after the decision was handed on, and the hook only
+offers the frame to the shadow's own thread (O(1), never waits), so a candidate never
+acts and never delays the live path.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from agent.kernel.bundle import Bundle
 from agent.pipeline.postprocess import Result, build_postprocessor
 from agent.pipeline.stages import StageTimes
 from agent.policy import Item, PolicySpec, Verdict, decide
-from runtime import EdgeRuntimeError, ModelInfo, Request, WorkerPool
+from runtime import EdgeRuntimeError, ModelInfo, Priority, Request, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,11 @@ class Decision:
     t_capture_ns: int
 
 
+ShadowHook = Callable[["Decision", np.ndarray, bool], None]
+"""Called on the decider thread after a decision was emitted: ``(decision, input,
+is_image)``. Must return at once (see :meth:`agent.shadow.runner.ShadowRunner.offer`)."""
+
+
 @dataclass
 class PipelineStats:
     """A pipeline's counters; ``in_flight`` is how many frames it holds now."""
@@ -120,7 +130,9 @@ class _Pending:
     t_submitted_ns: int
 
 
-def _items(result: Result) -> list[Item]:
+def result_items(result: Result) -> list[Item]:
+    """The policy's evidence from one stage's result: a detection's every box, else the
+    one label and score."""
     if result.kind == "detection":
         return [Item(d.label, d.score) for d in result.detections]
     return [Item(result.label, result.score)]
@@ -158,6 +170,7 @@ class PipelineRunner:
         deadline_s: float | None = None,
         wait_timeout_s: float = 10.0,
         in_flight: int = 1,
+        shadow: ShadowHook | None = None,
     ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -176,6 +189,8 @@ class PipelineRunner:
         self.deadline_s = deadline_s
         self.wait_timeout_s = wait_timeout_s
         self.in_flight = in_flight
+        self.shadow = shadow
+        """Offered each decision after it was emitted (see :data:`ShadowHook`)."""
         self.stats = PipelineStats(max_in_flight=in_flight)
         self.stage_times: StageTimes | None = None
         """Per-stage histograms while :meth:`measure_stages` is on (benches); None off."""
@@ -293,6 +308,8 @@ class PipelineRunner:
                 if decision is not None:
                     self.stats.decided += 1
                     self._emit(decision)
+                    if self.shadow is not None:
+                        self._offer_shadow(decision, pending)
             finally:
                 with self._cond:
                     self._pending.popleft()
@@ -310,6 +327,17 @@ class PipelineRunner:
         done = time.perf_counter_ns()
         times.record("emit", done - t)
         times.record("e2e", done - decision.t_capture_ns)
+
+    def _offer_shadow(self, decision: Decision, p: _Pending) -> None:
+        """Offer the emitted decision to the shadow; its failure is the shadow's, never the
+        line's: logged, and the pipeline goes on."""
+        shadow = self.shadow
+        if shadow is None:
+            return
+        try:
+            shadow(decision, p.data, p.is_image)
+        except Exception:
+            log.exception("pipeline %s: the shadow hook failed", self.name)
 
     def _error(self, reason: str, message: str) -> None:
         with self._errors_lock:
@@ -365,7 +393,7 @@ class PipelineRunner:
             queue_ns = req.t_dispatch_ns - req.t_submit_ns
             infer_ns = req.t_complete_ns - req.t_dispatch_ns
         t_post = time.perf_counter_ns()
-        items = _items(result)
+        items = result_items(result)
         summary: dict[str, Any] = dict(result.summary)
         if is_image:  # boxes are in frame pixels: the review pages scale them to a thumbnail
             summary["frame"] = {"width": frame_hw[1], "height": frame_hw[0]}
@@ -376,7 +404,15 @@ class PipelineRunner:
             "postprocess": (t_post - t_inferred) / 1e6,
         }
         if len(self.stages) > 1 and is_image:
-            items, crops = self._chain(data, result, t0)
+            items, crops = run_chain(
+                self.pool,
+                self.stages[1],
+                data,
+                result,
+                t0,
+                deadline_s=self.deadline_s,
+                wait_timeout_s=self.wait_timeout_s,
+            )
             summary["crops"] = crops[:MAX_SUMMARY_ITEMS]
             summary["chain"] = [
                 {
@@ -419,35 +455,50 @@ class PipelineRunner:
             times.record("record", time.perf_counter_ns() - t_done)
         return Decision(record, verdict, result, t0)
 
-    def _chain(
-        self, image: np.ndarray, result: Result, t0: int
-    ) -> tuple[list[Item], list[dict[str, Any]]]:
-        """Run the next stage on each detection's crop; one item per classified crop."""
-        stage = self.stages[1]
-        boxes = [d.box for d in result.detections[: stage.max_crops]]
-        pending = []
+
+def run_chain(
+    pool: WorkerPool,
+    stage: Stage,
+    image: np.ndarray,
+    result: Result,
+    t0: int,
+    *,
+    deadline_s: float | None,
+    wait_timeout_s: float,
+    priority: Priority = Priority.CONTROL,
+) -> tuple[list[Item], list[dict[str, Any]]]:
+    """Run ``stage`` on each detection's crop (at most its ``max_crops``), at ``priority``;
+    one item per classified crop, and the crops' summaries.
+
+    Raises:
+        EdgeRuntimeError: an inference failed or timed out.
+    """
+    boxes = [d.box for d in result.detections[: stage.max_crops]]
+    pending = []
+    try:
         for box in boxes:
             crop = _crop(image, box, stage.padding)
             if crop.shape[0] < 2 or crop.shape[1] < 2:
                 continue
-            req = self.pool.submit(stage.model, frame=crop, t0_ns=t0, deadline_s=self.deadline_s)
+            req = pool.submit(
+                stage.model, frame=crop, t0_ns=t0, deadline_s=deadline_s, priority=priority
+            )
             pending.append((box, crop.shape[:2], req))
         items: list[Item] = []
         crops: list[dict[str, Any]] = []
-        try:
-            for box, hw, req in pending:
-                req.wait(self.wait_timeout_s)
-                sub = stage.post(req.outputs, (int(hw[0]), int(hw[1])), stage.input_hw)
-                req.release()
-                items.append(Item(sub.label, sub.score))
-                crops.append(
-                    {
-                        "box": [round(v, 1) for v in box],
-                        "label": sub.label,
-                        "score": round(sub.score, 4),
-                    }
-                )
-        finally:
-            for _, _, req in pending:
-                req.release()
-        return items, crops
+        for box, hw, req in pending:
+            req.wait(wait_timeout_s)
+            sub = stage.post(req.outputs, (int(hw[0]), int(hw[1])), stage.input_hw)
+            req.release()
+            items.append(Item(sub.label, sub.score))
+            crops.append(
+                {
+                    "box": [round(v, 1) for v in box],
+                    "label": sub.label,
+                    "score": round(sub.score, 4),
+                }
+            )
+    finally:
+        for _, _, req in pending:
+            req.release()
+    return items, crops
