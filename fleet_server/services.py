@@ -32,6 +32,7 @@ from fleet_server.distribution.file_server import MqttFileServer
 from fleet_server.errors import FleetError
 from fleet_server.health import PartHealth
 from fleet_server.ingest.health import register_workers, worker_options
+from fleet_server.ingest.quality import PublishedVersions
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.ingest.worker import IngestWorker
 from fleet_server.rollout.service import RolloutService
@@ -158,6 +159,7 @@ class IngestService:
                 cfg.group,
             )
         options = worker_options(cfg)
+        published = PublishedVersions(ctx.repository)  # quality records' model versions
         self.workers = []
         for i in range(cfg.workers):
             cert, key, client_id = service_identity(ctx, identity.ingest_service(i))
@@ -165,7 +167,7 @@ class IngestService:
                 IngestWorker(
                     b.host,
                     b.port,
-                    sink=SqlSink(ctx.engine),
+                    sink=SqlSink(ctx.engine, published=published),
                     group=group,
                     client_id=client_id,
                     tls_ca=b.ca_file,

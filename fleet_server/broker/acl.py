@@ -30,6 +30,7 @@ DEVICE_WRITES: tuple[Callable[[str], str], ...] = (
     topics.decisions,
     topics.thumbnails,
     topics.events,
+    topics.quality,
     topics.fetch_request,
     topics.availability,
     topics.install_state,

@@ -16,6 +16,11 @@ with a growing pause, at most ``RetryPolicy.attempts`` calls in all
 deliver again, and the batch goes on with the next kind. A quarantine insert that fails
 permanently is tried once more with the topic and reason made storable and the payload
 stored as hex (cut to a cap), so that no payload blocks the quarantine either.
+
+Quality records (shadow comparisons, drift buckets: :mod:`fleet_server.ingest.quality`)
+are screened before they are stored: one sink call (:meth:`Sink.known_models`) says
+which of their model versions the fleet knows for their devices, and each record of an
+unknown one is quarantined alone, its reason naming the model version and the device.
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ from agent.wire.messages import (
 from fleet_server.db.quarantine import storable
 from fleet_server.ingest.clock import ClockBounds, ClockSkew, Timed, check_record
 from fleet_server.ingest.failures import RetryPolicy, classify, describe
+from fleet_server.ingest.quality import (
+    DriftItem,
+    ModelRef,
+    QualityItem,
+    ShadowItem,
+    add_quality,
+    unknown_reason,
+)
 
 if TYPE_CHECKING:
     from fleet_server.ingest.sink import Sink
@@ -94,6 +107,8 @@ class Batch:
     decisions: list[DecisionRow] = field(default_factory=list)
     thumbnails: list[ThumbnailUpload] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    shadow: list[ShadowItem] = field(default_factory=list)
+    drift: list[DriftItem] = field(default_factory=list)
     states: list[tuple[str, ReportedState]] = field(default_factory=list)
     rejected: list[tuple[str, str, bytes]] = field(default_factory=list)
     sources: list[tuple[str, bytes]] = field(default_factory=list)
@@ -166,6 +181,26 @@ class Batch:
         self._entries.setdefault(kind, []).append(_Entry(record, source))
         return True
 
+    def put_item(
+        self, kind: str, record: Any, times: Sequence[tuple[str, float]], name: str
+    ) -> bool:
+        """Add a record of the message being added whose device times are ``times``
+        (field, value); False: set aside, a time out of bounds."""
+        source = len(self.sources) - 1
+        if self.bounds is not None:
+            now = self.clock()
+            try:
+                for time_field, value in times:
+                    self.bounds.check(time_field, value, now)
+            except ClockSkew as exc:
+                topic, payload = self.sources[source]
+                log.warning("ingest: quarantined %s: %s: %s", topic, name, exc)
+                self.rejected.append((topic, f"{name}: {exc}", payload))
+                self._rejected_from.append(source)
+                return False
+        self._entries.setdefault(kind, []).append(_Entry(record, source))
+        return True
+
     def store(
         self,
         sink: Sink,
@@ -185,6 +220,15 @@ class Batch:
         ]
         for kind, call in calls:
             if not run.records(kind, self._entries.get(kind, []), call):
+                self.complete = False
+                return
+        quality: list[tuple[str, Callable[[list[Any]], int]]] = [
+            ("shadow", sink.store_shadow),
+            ("drift", sink.store_drift),
+        ]
+        for kind, call in quality:
+            known = run.screen(self._entries.get(kind, []))
+            if known is None or not run.records(kind, known, call):
                 self.complete = False
                 return
         for entry in self._entries.get("states", []):
@@ -236,6 +280,37 @@ class _Storing:
             self.abort.wait(delay)
             delay = min(delay * 2, self.policy.max_s)
         return "aborted", None, ""
+
+    def screen(self, entries: Sequence[_Entry]) -> list[_Entry] | None:
+        """The quality entries whose model version the sink knows for their device;
+        each other one is quarantined alone (its record's JSON, the reason). When the
+        sink can't answer, the entries' messages are left unacknowledged. None when
+        aborted."""
+        if not entries:
+            return []
+        wanted: set[ModelRef] = {e.record.model() for e in entries}
+        outcome, known, reason = self.attempt(
+            "model versions", functools.partial(self.sink.known_models, wanted)
+        )
+        if outcome == "aborted":
+            return None
+        if outcome != "ok" or known is None:
+            log.error("ingest: can't check model versions (%s); left to the broker", reason)
+            self.stats.gave_up += len(entries)
+            self.batch.failed.update(e.source for e in entries)
+            return []
+        kept = []
+        for entry in entries:
+            item: QualityItem = entry.record
+            if item.model() in known:
+                kept.append(entry)
+                continue
+            topic = self.batch.sources[entry.source][0]
+            why = unknown_reason(item)
+            log.warning("ingest: quarantined %s: %s", topic, why)
+            if not self.quarantine(topic, why, item.payload(), entry.source):
+                return None
+        return kept
 
     def records(
         self,
@@ -402,6 +477,7 @@ _HANDLERS: tuple[tuple[Callable[[str], str], _Add], ...] = (
     (topics.thumbnails, _add_thumbnail),
     (topics.events, _add_event),
     (topics.install_state, _add_install_state),
+    (topics.quality, add_quality),
 )
 INGEST_TOPICS: tuple[Callable[[str], str], ...] = tuple(t for t, _ in _HANDLERS)
 """The device topics ingest subscribes to."""

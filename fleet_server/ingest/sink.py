@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -23,6 +23,7 @@ from agent.wire.messages import (
     Telemetry,
     ThumbnailUpload,
 )
+from fleet_server.ingest.quality import DriftItem, ModelRef, ShadowItem
 
 QUARANTINE_KEEP = 10_000
 """How many quarantined payloads a MemorySink keeps (the count goes on)."""
@@ -53,6 +54,20 @@ class Sink(Protocol):
 
     def store_events(self, rows: Sequence[Event]) -> int:
         """Insert the events not stored yet; how many were inserted."""
+        ...
+
+    def store_shadow(self, rows: Sequence[ShadowItem]) -> int:
+        """Insert the shadow records not stored yet; how many were inserted."""
+        ...
+
+    def store_drift(self, rows: Sequence[DriftItem]) -> int:
+        """Insert the drift buckets not stored yet and replace those whose copy counts
+        more decisions (totals grow while a bucket is open); how many were written."""
+        ...
+
+    def known_models(self, wanted: Collection[ModelRef]) -> set[ModelRef]:
+        """Of ``wanted`` (device_id, model_name, model_version), those the fleet knows
+        for that device (the rest are quarantined, not stored)."""
         ...
 
     def store_state(self, device_id: str, state: ReportedState) -> None:
@@ -101,10 +116,16 @@ def merge_state(held: ReportedState | None, new: ReportedState) -> ReportedState
 class MemorySink:
     """A thread-safe, idempotent sink in memory, for tests and the scale bench.
 
-    Unbounded except for the quarantine list (the last :data:`QUARANTINE_KEEP`).
+    Unbounded except for the quarantine list (the last :data:`QUARANTINE_KEEP`). A
+    model version is known for a device when a decision of it from that device is held
+    or it is in ``published`` (bundle name, version).
     """
 
-    def __init__(self, quarantine_keep: int = QUARANTINE_KEEP) -> None:
+    def __init__(
+        self,
+        quarantine_keep: int = QUARANTINE_KEEP,
+        published: Collection[tuple[str, str]] = (),
+    ) -> None:
         self._lock = threading.Lock()
         self.heartbeats: dict[tuple[str, str], Heartbeat] = {}
         self.health: dict[tuple[str, str], Health] = {}
@@ -112,6 +133,9 @@ class MemorySink:
         self.decisions: dict[tuple[str, str], DecisionRow] = {}
         self.thumbnails: dict[tuple[str, str], ThumbnailUpload] = {}
         self.events: dict[tuple[str, str], Event] = {}
+        self.shadow: dict[Hashable, ShadowItem] = {}
+        self.drift: dict[Hashable, DriftItem] = {}
+        self.published = set(published)
         self.states: dict[str, ReportedState] = {}
         self.quarantined: deque[Quarantined] = deque(maxlen=quarantine_keep)
         self.quarantine_count = 0
@@ -152,6 +176,28 @@ class MemorySink:
         """Insert the events not stored yet; how many were inserted."""
         return self._insert(self.events, rows)
 
+    def store_shadow(self, rows: Sequence[ShadowItem]) -> int:
+        """Insert the shadow records not stored yet; how many were inserted."""
+        return self._insert(self.shadow, rows)
+
+    def store_drift(self, rows: Sequence[DriftItem]) -> int:
+        """Insert new drift buckets, replace those whose copy counts more; how many."""
+        written = 0
+        with self._lock:
+            self.calls += 1
+            for row in rows:
+                held = self.drift.get(row.key())
+                if held is None or held.hour.n < row.hour.n:
+                    self.drift[row.key()] = row
+                    written += 1
+        return written
+
+    def known_models(self, wanted: Collection[ModelRef]) -> set[ModelRef]:
+        """Of ``wanted``, those published or with a decision held from the device."""
+        with self._lock:
+            seen = {(d.device_id, d.model_name, d.model_version) for d in self.decisions.values()}
+        return {w for w in wanted if w in seen or (w[1], w[2]) in self.published}
+
     def store_state(self, device_id: str, state: ReportedState) -> None:
         """Keep the newest state of the device (see :func:`merge_state`)."""
         with self._lock:
@@ -176,4 +222,6 @@ class MemorySink:
                 + len(self.decisions)
                 + len(self.thumbnails)
                 + len(self.events)
+                + len(self.shadow)
+                + len(self.drift)
             )

@@ -17,14 +17,23 @@ Besides the records:
   which is how a newer state is told from an older one arriving late through another
   worker; a state without ``ts`` (the last will) only sets ``online``.
 
+Quality records (:mod:`fleet_server.ingest.quality`) go to ``shadow_results`` (once)
+and ``drift_hours`` (upserted with the larger totals) through
+:mod:`fleet_server.quality.store`. :meth:`SqlSink.known_models` says which model
+versions the fleet knows for a device, cheaply: a version known before (kept in memory,
+bounded), a published bundle version (``published``, the repository's list, cached), a
+drift bucket of it already stored from the device (its primary key's prefix), or a
+decision of it from the device (one indexed ``LIMIT 1`` query).
+
 Device times reach this sink already bounded (:mod:`fleet_server.ingest.clock`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,11 +51,15 @@ from agent.wire.messages import (
 )
 from fleet_server.db import store
 from fleet_server.db.store import DecisionRecord, EventRecord, ImageRecord, Record
-from fleet_server.db.tables import devices, events
+from fleet_server.db.tables import decisions, devices, drift_hours, events
+from fleet_server.ingest.quality import DriftItem, ModelRef, ShadowItem
+from fleet_server.quality import store as quality_store
 
 log = logging.getLogger(__name__)
 
 STATE_EVENT = "state"
+KNOWN_CACHE = 100_000
+"""How many known (device, model, version) a sink remembers (then it starts afresh)."""
 """Kind of the events that keep the history of reported states."""
 
 
@@ -91,9 +104,17 @@ class SqlSink:
     engine), or each have its own over the same database.
     """
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], float] = time.time,
+        published: Callable[[str, str], bool] | None = None,
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        self.published = published
+        self._known: set[ModelRef] = set()
+        self._known_lock = threading.Lock()
 
     def store_heartbeats(self, rows: Sequence[Heartbeat]) -> int:
         """Insert the heartbeats not stored yet and touch their devices; how many new."""
@@ -162,6 +183,50 @@ class SqlSink:
         now = self.clock()
         return store.insert_events(self.engine, [_event_record(e, now) for e in rows])
 
+    def store_shadow(self, rows: Sequence[ShadowItem]) -> int:
+        """Insert the shadow records not stored yet; how many new."""
+        if not rows:
+            return 0
+        now = self.clock()
+        with store.write_transaction(self.engine) as conn:
+            inserted = 0
+            for device_id in sorted({r.device_id for r in rows}):
+                mine = [r.record for r in rows if r.device_id == device_id]
+                inserted += quality_store.insert_shadow_records(conn, device_id, mine, now=now)
+        return inserted
+
+    def store_drift(self, rows: Sequence[DriftItem]) -> int:
+        """Insert the new drift buckets and replace those whose copy counts more
+        decisions; how many written."""
+        if not rows:
+            return 0
+        now = self.clock()
+        with store.write_transaction(self.engine) as conn:
+            written = 0
+            for device_id in sorted({r.device_id for r in rows}):
+                mine = [r.hour for r in rows if r.device_id == device_id]
+                written += quality_store.upsert_drift_hours(conn, device_id, mine, now=now)
+        return written
+
+    def known_models(self, wanted: Collection[ModelRef]) -> set[ModelRef]:
+        """Of ``wanted`` (device_id, model_name, model_version), those the fleet knows
+        for the device: known before, published, or seen from it (a drift bucket or a
+        decision of that version)."""
+        with self._known_lock:
+            known = {w for w in wanted if w in self._known}
+        missing = sorted(set(wanted) - known)
+        if self.published is not None:
+            known.update(w for w in missing if self.published(w[1], w[2]))
+            missing = [w for w in missing if w not in known]
+        if missing:
+            with self.engine.connect() as conn:
+                known.update(w for w in missing if _seen(conn, w))
+        with self._known_lock:
+            if len(self._known) + len(known) > KNOWN_CACHE:
+                self._known.clear()
+            self._known.update(known)
+        return known
+
     def store_state(self, device_id: str, state: ReportedState) -> None:
         """Record the device's reported state, unless a newer one is held (by ``ts``);
         a state without ``ts`` (the last will) changes only ``online``."""
@@ -221,6 +286,25 @@ def _event_record(event: Event, received_at: float) -> EventRecord:
     if extra:
         payload["_message"] = dict(extra)
     return EventRecord(event.device_id, event.event_id, event.ts, event.kind, payload, received_at)
+
+
+def _seen(conn: Connection, ref: ModelRef) -> bool:
+    """Whether the device sent a drift bucket or a decision of this model version."""
+    device_id, name, version = ref
+    for table in (drift_hours, decisions):
+        query = (
+            sa.select(sa.literal(1))
+            .select_from(table)
+            .where(
+                table.c.device_id == device_id,
+                table.c.model_name == name,
+                table.c.model_version == version,
+            )
+            .limit(1)
+        )
+        if conn.execute(query).first() is not None:
+            return True
+    return False
 
 
 def _lock_device(conn: Connection, device_id: str) -> None:
