@@ -26,6 +26,17 @@ class DecisionLogConfig(Section):
             "'all' or 'none'."
         ),
     )
+    pass_sample: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "With thumbnails = 'non-pass': the random share (0..1) of 'pass' decisions "
+            "that keep a thumbnail too, so that line managers can label passes and "
+            "accuracy is not measured on rejects only; uploaded like the others. "
+            "0 (the default) keeps none."
+        ),
+    )
     thumbnail_max_side: int = Field(
         320, ge=16, le=4096, description="Longest side of a thumbnail in pixels."
     )

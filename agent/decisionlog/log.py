@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,8 @@ from agent.decisionlog.writer import (
     Writer,
     report_eviction,
 )
+from agent.drift.config import DriftConfig
+from agent.drift.recorder import DriftRecorder, DriftStats
 from agent.errors import DecisionLogError
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,10 @@ class DecisionLog:
     when the log was corrupt (or not a decision log at all) and moved aside, when
     un-uploaded decisions had to be deleted for the disk budget, and when a batch could
     not be written.
+
+    ``drift`` (default: on, hourly buckets) is what the writer counts of each decision for
+    the fleet's drift check (:mod:`agent.drift`); ``rng`` draws the review sample of
+    'pass' thumbnails (``pass_sample``; seeded in tests).
     """
 
     def __init__(
@@ -56,9 +63,17 @@ class DecisionLog:
         *,
         device_id: str,
         on_alarm: Callable[[str, str], None] | None = None,
+        drift: DriftConfig | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.config = config
+        self.drift = drift or DriftConfig()
+        self._rng = rng or random.Random()  # noqa: S311 - a sample, not a secret
+        self._drift_stats = DriftStats()
+        self._frames_pending = 0
+        self._frame_bound = int(self.drift.frame_queue_mb * _MIB)
+        self._drift_frames = self.drift.enabled and self.drift.image_stats
         self.device_id = device_id
         self._on_alarm = on_alarm
         self._queue: Handoff[Item] = Handoff(config.queue_bound, config.batch_size)
@@ -135,6 +150,7 @@ class DecisionLog:
             self._stats,
             self._alarm,
             self._release_thumbnail,
+            DriftRecorder(self.drift, self._drift_stats),
         )
         writer.start()
         self._writer = writer
@@ -235,6 +251,11 @@ class DecisionLog:
             "db_bytes": db + wal,
             "wal_bytes": wal,
             "thumbnail_bytes": self._store.bytes,
+            "drift_decisions": self._drift_stats.decisions,
+            "drift_frames": self._drift_stats.frames,
+            "drift_frames_skipped": self._drift_stats.frames_skipped,
+            "drift_errors": self._drift_stats.errors,
+            "drift_flushes": self._drift_stats.flushes,
         }
 
     def __enter__(self) -> DecisionLog:
@@ -257,26 +278,38 @@ class DecisionLog:
         return command.done.wait(max(0.0, timeout_s))
 
     def _admit_thumbnail(self, record: DecisionRecord) -> None:
-        """Keep the image only if wanted and the queued image bytes stay in bound."""
-        if not thumbs.wanted(self.config.thumbnails, record.outcome):
-            record.thumbnail = None
-            return
+        """Keep the image as a thumbnail if wanted (or drawn into the review sample of
+        passes) and the queued thumbnail bytes stay in bound; else, with drift input
+        statistics on, for those only while the queued frame bytes stay in theirs."""
+        cfg = self.config
         nbytes = getattr(record.thumbnail, "nbytes", 0)  # not an array: the writer says so
-        with self._lock:
-            if self._thumb_pending + nbytes <= self._thumb_bound:
-                self._thumb_pending += nbytes
-                return
-            self._stats.thumbnails_dropped += 1
+        if thumbs.keep(cfg.thumbnails, record.outcome, cfg.pass_sample, self._rng):
+            with self._lock:
+                if self._thumb_pending + nbytes <= self._thumb_bound:
+                    self._thumb_pending += nbytes
+                    return
+                self._stats.thumbnails_dropped += 1
+            log.warning("decision %s queued without its thumbnail: image queue full", record.id)
+        if self._drift_frames:
+            with self._lock:
+                if self._frames_pending + nbytes <= self._frame_bound:
+                    self._frames_pending += nbytes
+                    record.frame_only = True
+                    return
+                self._drift_stats.frames_skipped += 1
         record.thumbnail = None
-        log.warning("decision %s queued without its thumbnail: image queue full", record.id)
 
-    def _release_thumbnail(self, nbytes: int) -> None:
+    def _release_thumbnail(self, nbytes: int, *, frame_only: bool = False) -> None:
         with self._lock:
-            self._thumb_pending -= nbytes
+            if frame_only:
+                self._frames_pending -= nbytes
+            else:
+                self._thumb_pending -= nbytes
 
     def _drop(self, record: DecisionRecord) -> None:
         if record.thumbnail is not None:
-            self._release_thumbnail(getattr(record.thumbnail, "nbytes", 0))
+            nbytes = getattr(record.thumbnail, "nbytes", 0)
+            self._release_thumbnail(nbytes, frame_only=record.frame_only)
         now = time.monotonic()
         with self._lock:
             self._stats.dropped += 1

@@ -25,7 +25,8 @@ class DecisionRecord:
     """What was decided, from what, by which model, how fast.
 
     ``append()`` takes ownership: it fills ``id`` when empty and may drop ``thumbnail``
-    (an HxWx3 uint8 BGR image the caller no longer writes to) when it is not kept.
+    (an HxWx3 uint8 BGR image the caller no longer writes to) when it is not kept, as a
+    JPEG or for the drift input statistics.
     ``latencies_ms`` maps stage names to milliseconds; its "e2e" entry, or else
     ``decision_time - capture_time``, fills the ``e2e_ms`` column.
     """
@@ -46,6 +47,9 @@ class DecisionRecord:
     latencies_ms: dict[str, float]
     thumbnail: npt.NDArray[np.uint8] | None = None
     id: str = ""
+    frame_only: bool = False
+    """Set by ``append()``: ``thumbnail`` is kept for the drift input statistics only
+    (:mod:`agent.drift`), not as a JPEG."""
 
 
 class _IdClock:

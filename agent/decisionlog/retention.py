@@ -4,6 +4,11 @@ Runs on the writer's connection (at open and every ``retention_interval_s`` on t
 writer thread). Usage is the database file, its WAL and the thumbnails. Rows not yet
 uploaded are kept past their age, and are deleted only when the budget is still
 exceeded after every uploaded row is gone.
+
+The model-quality tables go with the decisions: ``shadow_results`` (and the frame a
+disagreement keeps) and ``drift_hours`` rows past the age are deleted once uploaded; over
+the budget, uploaded ones of any age and un-uploaded ones past the age go before any
+decision does.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.decisionlog.connection import BUSY_TIMEOUT_S, WAL_LIMIT_BYTES, transaction
-from agent.decisionlog.schema import TABLE
+from agent.decisionlog.schema import DRIFT_TABLE, SHADOW_TABLE, TABLE, UPLOADED
 from agent.decisionlog.thumbnails import ThumbnailStore
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,8 @@ class RetentionResult:
     """What one run deleted, and whether usage still exceeds the budget."""
 
     aged: int = 0
+    quality_deleted: int = 0
+    """``shadow_results`` and ``drift_hours`` rows deleted."""
     evicted: int = 0
     evicted_unuploaded: int = 0
     oldest_unuploaded_evicted: float | None = None
@@ -79,11 +86,14 @@ class Retention:
             result.aged += n
             if n < _MAX_CHUNK:
                 break
-        if result.aged:
+        result.quality_deleted += self._delete_quality(cutoff, uploaded_only=True)
+        if result.aged or result.quality_deleted:
             self._compact()
-        for _ in range(_MAX_ROUNDS):
+        for round_ in range(_MAX_ROUNDS):
             if self.usage() <= self.budget_bytes:
                 break
+            if round_ == 0:  # past the budget: quality rows go before decisions do
+                result.quality_deleted += self._delete_quality(cutoff, uploaded_only=False)
             self._compact()  # a checkpoint alone may bring the WAL back under budget
             excess = self._excess()
             if excess <= 0:
@@ -101,6 +111,52 @@ class Retention:
             )
         self._over_budget = result.over_budget
         return result
+
+    def _delete_quality(self, cutoff: float, *, uploaded_only: bool) -> int:
+        """Delete ``shadow_results`` and ``drift_hours`` rows past ``cutoff`` that were
+        uploaded (``uploaded_only``); else uploaded ones of any age and the rest past
+        ``cutoff``. Returns the rows deleted."""
+        if uploaded_only:
+            where, params = "uploaded = ? AND {t} < ?", (UPLOADED, cutoff)
+        else:
+            where, params = "uploaded = ? OR {t} < ?", (UPLOADED, cutoff)
+        shadow_where = where.format(t="ts")
+        # A drift bucket is past the age when it started before the cutoff.
+        drift_where = where.format(t="hour")
+        files = [
+            str(r[0])
+            for r in self.conn.execute(
+                f"SELECT thumbnail FROM {SHADOW_TABLE} "  # noqa: S608 - fixed names
+                f"WHERE ({shadow_where}) AND thumbnail IS NOT NULL",
+                params,
+            )
+        ]
+        with transaction(self.conn):
+            n = self.conn.execute(
+                f"DELETE FROM {SHADOW_TABLE} WHERE {shadow_where}",  # noqa: S608
+                params,
+            ).rowcount
+            n += self.conn.execute(
+                f"DELETE FROM {DRIFT_TABLE} WHERE {drift_where}",  # noqa: S608
+                params,
+            ).rowcount
+        self._unlink_shadow_frames(files)
+        return int(n)
+
+    def _unlink_shadow_frames(self, rels: list[str]) -> None:
+        """Remove the frames deleted shadow rows kept (paths under the state directory)."""
+        root = self.thumbnails.state_dir
+        for rel in rels:
+            path = Path(rel)
+            if path.is_absolute() or ".." in path.parts:
+                log.warning("shadow frame %r is outside the state directory; left alone", rel)
+                continue
+            try:
+                (root / path).unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("shadow frame %s not deleted: %s", rel, e)
 
     def _used(self) -> int:
         """Bytes of database pages in use (free pages not counted) plus thumbnails."""

@@ -15,7 +15,7 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.decisionlog.config import ThumbnailMode
 
@@ -35,6 +35,20 @@ _DAY_S = 86_400
 def wanted(mode: ThumbnailMode, outcome: str) -> bool:
     """Whether a decision with ``outcome`` keeps a thumbnail under ``mode``."""
     return mode == "all" or (mode == "non-pass" and outcome != "pass")
+
+
+class Sampler(Protocol):
+    """What :func:`keep` draws from: ``random.Random`` (seeded in tests)."""
+
+    def random(self) -> float: ...
+
+
+def keep(mode: ThumbnailMode, outcome: str, pass_sample: float, rng: Sampler) -> bool:
+    """Whether a decision keeps its thumbnail: :func:`wanted`, or, under 'non-pass', a
+    'pass' drawn into the review sample (share ``pass_sample``, drawn from ``rng``)."""
+    if wanted(mode, outcome):
+        return True
+    return mode == "non-pass" and pass_sample > 0.0 and rng.random() < pass_sample
 
 
 def relpath(decision_id: str, decision_time: float) -> str:

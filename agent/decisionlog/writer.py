@@ -5,6 +5,11 @@ with ``executemany`` in one transaction per batch: when ``batch_size`` records a
 waiting or the oldest has waited ``flush_interval_s``. Commands on the same queue
 (flush, mark uploaded, stop) first commit what came before them, so they see every
 record appended before they were.
+
+Each record is also counted for drift (:class:`agent.drift.recorder.DriftRecorder`, with
+its frame's input statistics), and the counts go to the ``drift_hours`` table every few
+seconds, at a flush and at stop, in a transaction of their own: drift accounting that
+fails is logged and counted, never a lost decision.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from agent.decisionlog import thumbnails as thumbs
 from agent.decisionlog.config import DecisionLogConfig
@@ -24,6 +30,7 @@ from agent.decisionlog.handoff import Handoff
 from agent.decisionlog.record import DecisionRecord
 from agent.decisionlog.retention import Retention, RetentionResult
 from agent.decisionlog.schema import INSERT_SQL, TABLE
+from agent.drift.recorder import DriftRecorder
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,12 @@ Alarm = Callable[[str, str], None]
 Item = DecisionRecord | Command
 
 
+class Release(Protocol):
+    """Gives back the queued image bytes a record held (``frame_only``: the frame bound)."""
+
+    def __call__(self, nbytes: int, *, frame_only: bool = False) -> None: ...
+
+
 class Writer(threading.Thread):
     """Drains the queue into the database; see the module docstring."""
 
@@ -92,7 +105,8 @@ class Writer(threading.Thread):
         retention: Retention,
         stats: Stats,
         alarm: Alarm,
-        release_thumbnail: Callable[[int], None],
+        release_thumbnail: Release,
+        drift: DriftRecorder | None = None,
     ) -> None:
         super().__init__(name="decision-log-writer", daemon=True)
         self.conn = conn
@@ -104,6 +118,7 @@ class Writer(threading.Thread):
         self.stats = stats
         self.alarm = alarm
         self.release_thumbnail = release_thumbnail
+        self.drift = drift
 
     def run(self) -> None:
         try:
@@ -135,6 +150,7 @@ class Writer(threading.Thread):
                     deadline = None
             now = time.monotonic()
             if now >= next_retention:
+                self._flush_drift()
                 self._retention()
                 next_retention = time.monotonic() + cfg.retention_interval_s
             if len(q) >= batch_size:
@@ -158,6 +174,8 @@ class Writer(threading.Thread):
             if batch:
                 self._write(batch)
                 batch = []
+            if item.kind in ("stop", "flush"):
+                self._flush_drift(force=True)
             if item.kind == "stop":
                 item.done.set()
                 return True
@@ -166,6 +184,7 @@ class Writer(threading.Thread):
             item.done.set()
         if batch:
             self._write(batch)
+        self._flush_drift()
         return False
 
     def _write(self, batch: list[DecisionRecord]) -> None:
@@ -174,7 +193,10 @@ class Writer(threading.Thread):
         written: list[str] = []
         rows = []
         for record in batch:
-            thumbnail = self._thumbnail(record, written)
+            image = self._take_image(record)
+            if self.drift is not None:
+                self.drift.observe(record, image)
+            thumbnail = self._thumbnail(record, image, written)
             try:
                 rows.append(row_of(record, self.device_id, thumbnail))
             except Exception:  # a field of the wrong type, an object whose repr fails, ...
@@ -223,16 +245,22 @@ class Writer(threading.Thread):
         self.stats.duplicates += duplicates
         return len(rows) - duplicates
 
-    def _thumbnail(self, record: DecisionRecord, written: list[str]) -> str | None:
-        """Encode and store the record's thumbnail if it keeps one; its relative path."""
+    def _take_image(self, record: DecisionRecord) -> Any:
+        """The record's image (None if it has none), taken off it and its queued bytes
+        given back."""
         image = record.thumbnail
         if image is None:
             return None
         record.thumbnail = None
-        self.release_thumbnail(getattr(image, "nbytes", 0))
-        cfg = self.config
-        if not thumbs.wanted(cfg.thumbnails, record.outcome):
+        self.release_thumbnail(getattr(image, "nbytes", 0), frame_only=record.frame_only)
+        return image
+
+    def _thumbnail(self, record: DecisionRecord, image: Any, written: list[str]) -> str | None:
+        """Encode and store the record's thumbnail if it keeps one (``append`` decided);
+        its relative path."""
+        if image is None or record.frame_only:
             return None
+        cfg = self.config
         try:
             data = thumbs.encode_jpeg(
                 image, cfg.thumbnail_max_side, cfg.thumbnail_max_bytes, cfg.jpeg_quality
@@ -269,6 +297,12 @@ class Writer(threading.Thread):
             return
         if command.state == 1:
             self.stats.marked_uploaded += len(ids)
+
+    def _flush_drift(self, *, force: bool = False) -> None:
+        """Store the drift counts when due (or now with ``force``); never raises."""
+        drift = self.drift
+        if drift is not None and (drift.due() or (force and drift.pending)):
+            drift.flush(self.conn)
 
     def _retention(self) -> None:
         try:
