@@ -216,7 +216,8 @@ class HotPath:
 
     def fleet_health(self) -> dict[str, Any]:
         """The agent's part of the fleet's ``Health`` report."""
-        return agent_health(self.pipelines.cameras, self.pipelines.pool, self.sink.outcome_counts)
+        p = self.pipelines
+        return agent_health(p.cameras, p.pool, self.sink.outcome_counts, p.shadow_summary())
 
     def hello(self) -> dict[str, Any]:
         """Who answers: pid, a boot id that differs on every start, how many times the

@@ -186,6 +186,15 @@ class AgentMetrics:
             registry=r,
         )
         self.alarms = Counter("edgefleet_alarms", "Alarms raised, by kind.", ["kind"], registry=r)
+        # shadow candidate
+        self.shadow_frames = Counter(
+            "edgefleet_shadow_frames",
+            "Frames offered to a pipeline's shadow candidate, by result: compared, agreed, "
+            "skipped_busy (the pool was busy), skipped_behind (the shadow still had the "
+            "frame before), errors.",
+            ["pipeline", "result"],
+            registry=r,
+        )
 
         self._totals_lock = threading.Lock()
         self._totals: dict[tuple[Counter, tuple[tuple[str, str], ...]], float] = {}
@@ -232,6 +241,14 @@ class AgentMetrics:
         self.set_counter(self.sensor_thread_restarts, restarts, sensor=name)
         errors = int(stats.get("callback_errors", 0))
         self.set_counter(self.sensor_callback_errors, errors, sensor=name)
+
+    def update_shadow(self, pipeline: str, counts: Mapping[str, int]) -> None:
+        """Take a pipeline's shadow counters (:meth:`agent.pipelines.Pipelines.shadow_counters`)."""
+        for result in ("compared", "agreed", "skipped_busy", "skipped_behind", "errors"):
+            if result in counts:
+                self.set_counter(
+                    self.shadow_frames, float(counts[result]), pipeline=pipeline, result=result
+                )
 
     def update_uplink(self, stats: Mapping[str, Any]) -> None:
         """Take the uplink's figures (:meth:`agent.uplink.service.Uplink.stats`)."""

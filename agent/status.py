@@ -18,6 +18,7 @@ from agent.pipelines import Pipelines
 from agent.planning import Problem
 from agent.sensors import SensorSource
 from agent.upstream import Upstream
+from agent.wire.quality import ShadowSummary
 from runtime import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,11 @@ def agent_stats(
     pipelines: Pipelines, decision_log: DecisionLog, dispatcher: ActionDispatcher
 ) -> dict[str, Any]:
     """Everything at once (``edge-agent run --stats``)."""
+    shadow = pipelines.shadow_summary()
     return {
         "pipelines": {r.name: vars(r.stats) for r in pipelines.runners},
+        "shadows": pipelines.shadow_counters(),
+        "shadow": shadow.model_dump(mode="json") if shadow is not None else None,
         "cameras": {n: dataclasses.asdict(c.stats()) for n, c in pipelines.cameras.items()},
         "decision_log": decision_log.stats(),
         "actions": dispatcher.stats(),
@@ -124,6 +128,8 @@ def update_hotpath_gauges(
     if pool is not None:
         for info in pool.models:
             m.queue_depth.labels(queue=info.name).set(pool.queued(info.name))
+    for name, counts in pipelines.shadow_counters().items():
+        m.update_shadow(name, counts)
 
 
 def update_upstream_gauges(metrics: AgentMetrics, upstream: Upstream) -> None:
@@ -164,11 +170,15 @@ def sensor_health(sensor: SensorSource) -> dict[str, Any]:
 
 
 def agent_health(
-    cameras: Mapping[str, Camera], pool: WorkerPool | None, outcome_counts: Mapping[str, int]
+    cameras: Mapping[str, Camera],
+    pool: WorkerPool | None,
+    outcome_counts: Mapping[str, int],
+    shadow: ShadowSummary | None = None,
 ) -> dict[str, Any]:
     """The agent's part of a ``Health`` report: fps and drops per camera, inference
     latency percentiles and queue depth per model (the worker pool's histograms), worker
-    restarts and decisions by outcome since the bundles were loaded."""
+    restarts and decisions by outcome since the bundles were loaded, and the shadow
+    candidate's comparison (``Health.shadow``) while one runs."""
     fps: dict[str, float] = {}
     drops: dict[str, int] = {}
     for name, cam in cameras.items():
@@ -195,4 +205,5 @@ def agent_health(
         # read by the fleet's rollout gates (the health message keeps extra fields)
         "worker_crashes": pool.restarts() if pool is not None else 0,
         "outcome_counts": dict(outcome_counts),
+        "shadow": shadow.model_dump(mode="json") if shadow is not None else None,
     }
