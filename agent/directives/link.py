@@ -1,6 +1,14 @@
 """Apply one signed directive: verify (python-tuf), download the bundle as verified
 targets, install it (stage, checks, switch, health, commit or roll back), and say what
-happened. The transport (MQTT or a side-load directory) is the fetcher's business."""
+happened. The transport (MQTT or a side-load directory) is the fetcher's business.
+
+A directive with ``mode = "shadow"`` goes through the same checks (counter, expiry,
+signature, hashes, lengths, profile, verified download) and installs into the bundle's
+shadow slot (:meth:`Installer.install_shadow`): staged, loaded, warmed up and
+benchmarked, never switched. A shadow of the active release is a no-op (nothing to
+compare). Any other verified directive for the bundle (a switch, or a revert to the
+running release) empties its shadow slot once it is handled. Every report of a verified
+directive says its ``mode``."""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from tuf.ngclient.fetcher import FetcherInterface
 from agent.directives.config import BundlesConfig
 from agent.errors import AgentError
 from agent.installer import Installer, InstallError
+from agent.installer.shadow import shadow_dir
 from agent.kernel.durable import write_durable
 from agent.kernel.readlimit import read_at_most
 from agent.update.client import Assignment, BundleClient
@@ -104,12 +113,113 @@ def apply_directive(
     except UpdateError as e:
         log.error("directive refused at %s: %s", e.step, e.reason)  # noqa: TRY400
         return report | {"outcome": "refused", "step": e.step, "reason": e.reason}
-    report |= {"bundle": a.name, "release": a.release, "version": a.version, "counter": a.counter}
+    report |= {
+        "bundle": a.name,
+        "release": a.release,
+        "version": a.version,
+        "counter": a.counter,
+        "mode": a.mode,
+    }
     if a.already_applied:
-        return report | {"outcome": "noop", "step": "plan", "reason": "already applied"}
-    if previous_slot_holds(installer, a.name, a.release, a.hashes.get("sha256", "")):
-        return _revert(client, installer, a, report)
-    return _install(client, installer, a, report, staging_root, source, probe_factory)
+        out = report | {"outcome": "noop", "step": "plan", "reason": "already applied"}
+    elif a.shadow:
+        return _shadow(client, installer, a, report, staging_root, source)
+    elif previous_slot_holds(installer, a.name, a.release, a.hashes.get("sha256", "")):
+        out = _revert(client, installer, a, report)
+    else:
+        out = _install(client, installer, a, report, staging_root, source, probe_factory)
+    return out if a.shadow else _end_shadow(installer, a.name, out)
+
+
+def _end_shadow(installer: Installer, name: str, report: Report) -> Report:
+    """A verified directive that is not a shadow ends the comparison: empty the bundle's
+    shadow slot (``shadow_cleared``: the release removed)."""
+    try:
+        removed = installer.clear_shadow(name)
+    except InstallError as e:
+        log.error("the shadow slot of %s was not emptied: %s", name, e.reason)  # noqa: TRY400
+        return report | {"shadow_error": e.reason}
+    if removed is None:
+        return report
+    log.info("shadow candidate %s release %d removed", name, removed.release)
+    return report | {"shadow_cleared": removed.release}
+
+
+def _shadow(
+    client: BundleClient,
+    installer: Installer,
+    a: Assignment,
+    report: Report,
+    staging_root: Path,
+    source: str,
+) -> Report:
+    """Install the assigned release into the shadow slot (never switching), after the
+    same verified download as an install; a no-op without a download when the release
+    is the active one or already the shadow."""
+    sha = a.hashes.get("sha256", "")
+    for what, held in (
+        ("active", installer.committed(a.name)),
+        ("shadow", installer.shadow(a.name)),
+    ):
+        if (
+            held is not None
+            and held.release == a.release
+            and _slot_manifest_is(installer, a.name, what, sha)
+        ):
+            client.record_applied(a.counter, a.digest)
+            why = (
+                "the active release: nothing to compare"
+                if what == "active"
+                else "already the shadow"
+            )
+            return report | {"outcome": "noop", "step": "plan", "reason": why}
+    staging = staging_root / f"{a.name}-{a.release}-shadow"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging_root.mkdir(parents=True, exist_ok=True)
+    try:
+        bundle_dir = client.download_bundle(a, staging)
+        result = installer.install_shadow(bundle_dir, source=source)
+    except UpdateError as e:
+        log.error("shadow %s release %d refused at %s: %s", a.name, a.release, e.step, e.reason)  # noqa: TRY400
+        _drop_superseded(installer, a.name)
+        return report | {"outcome": "refused", "step": e.step, "reason": e.reason}
+    except InstallError as e:
+        client.record_applied(a.counter, a.digest)  # a new directive is needed to retry
+        log.error("shadow %s release %d failed at %s: %s", a.name, a.release, e.step, e.reason)  # noqa: TRY400
+        outcome = "refused" if e.step == "plan" else "failed"  # plan: never switchable
+        return report | {"outcome": outcome, "step": e.step, "reason": e.reason}
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    client.record_applied(a.counter, a.digest)
+    out = report | {"outcome": result.outcome, "slot": result.slot, "reason": ""}
+    if result.outcome == "committed":
+        bench = result.benchmark
+        return out | {"step": "shadow", "benchmark_p95_ms": bench.p95_ms if bench else None}
+    return out | {"step": "plan"}
+
+
+def _slot_manifest_is(installer: Installer, name: str, slot: str, sha256: str) -> bool:
+    """Whether ``name``'s active (``slot`` "active") or shadow slot holds a manifest
+    whose sha256 is the one the fleet signed."""
+    path = (
+        installer.active_bundle(name) if slot == "active" else shadow_dir(installer.state_dir, name)
+    )
+    if path is None:
+        return False
+    try:
+        data = (path / "manifest.json").read_bytes()
+    except OSError:
+        return False
+    return hashlib.sha256(data).hexdigest() == sha256
+
+
+def _drop_superseded(installer: Installer, name: str) -> None:
+    """A shadow directive whose bundle was refused still supersedes the candidate in the
+    slot: the fleet no longer wants that one compared."""
+    try:
+        installer.clear_shadow(name)
+    except InstallError as e:
+        log.error("the shadow slot of %s was not emptied: %s", name, e.reason)  # noqa: TRY400
 
 
 def _revert(client: BundleClient, installer: Installer, a: Assignment, report: Report) -> Report:

@@ -95,7 +95,8 @@ def cmd_install(
 
 
 def cmd_bundles(*, state_dir: Path, as_json: bool = False) -> int:
-    """List every slot of every installed bundle."""
+    """List every slot of every installed bundle (the shadow slot too, while it holds a
+    candidate)."""
     rows = Installer(state_dir, profile_name="").status()
     if as_json:
         _print_json([r.as_dict() for r in rows])
@@ -103,7 +104,7 @@ def cmd_bundles(*, state_dir: Path, as_json: bool = False) -> int:
     if not rows:
         print("no bundles installed")
         return EXIT_OK
-    print(f"{'bundle':<20} {'slot':<5} {'state':<10} {'version':<14} {'release':>7}  last")
+    print(f"{'bundle':<20} {'slot':<7} {'state':<10} {'version':<14} {'release':>7}  last")
     for r in rows:
         version = r.bundle.version if r.bundle else "-"
         release = str(r.bundle.release) if r.bundle else "-"
@@ -111,7 +112,7 @@ def cmd_bundles(*, state_dir: Path, as_json: bool = False) -> int:
         last = f"{r.last.get('status', '?')} at {r.last.get('step', '?')}"
         if r.last.get("reason"):
             last += f": {r.last['reason']}"
-        print(f"{r.name:<20} {mark}{r.slot:<4} {r.state:<10} {version:<14} {release:>7}  {last}")
+        print(f"{r.name:<20} {mark}{r.slot:<6} {r.state:<10} {version:<14} {release:>7}  {last}")
     return EXIT_OK
 
 
@@ -190,7 +191,7 @@ def _add_listing(
 ) -> None:
     lst = sub.add_parser(
         "bundles",
-        help="list installed bundles, their slots and last install result",
+        help="list installed bundles, their slots (the shadow slot too) and last results",
         epilog="example: edge-agent bundles --config agent.toml --json",
     )
     with_config(lst)

@@ -20,7 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.installer import checks, health, machine, recovery, slots, store, view
+from agent.installer import (
+    checks,
+    health,
+    machine,
+    recovery,
+    shadowinstall,
+    shadowslot,
+    slots,
+    store,
+    view,
+)
 from agent.installer.config import InstallerConfig
 from agent.installer.errors import InstallError
 from agent.installer.machine import SLOTS, BundleId, Journal, Marker, Status, Step
@@ -56,7 +66,8 @@ class Installer:
         checkpoint: Callable[[str], None] | None = None,
         measure: Measure | None = None,
     ) -> None:
-        self.root = Path(state_dir) / "bundles"
+        self.state_dir = Path(state_dir)
+        self.root = self.state_dir / "bundles"
         self.profile_name = profile_name
         self.on_report = on_report
         self.config = config or InstallerConfig()
@@ -403,7 +414,110 @@ class Installer:
 
     def _recover_locked(self, name: str, d: Path) -> Report | None:
         done = recovery.recover_name(name, d)
-        return self._report(done[0], done[1], recovered=True) if done else None
+        report = self._report(done[0], done[1], recovered=True) if done else None
+        shadowslot.recover(self.state_dir, name, self._committed(d)[1])
+        return report
+
+    def _committed(self, d: Path) -> tuple[str | None, BundleId | None]:
+        """The last known good slot of a bundle directory and what it holds."""
+        pointer, _ = store.read_pointer(d)
+        facts = view.slot_facts(d)
+        good = machine.last_known_good(pointer, facts)[0]
+        return good, facts[good].bundle if good is not None else None
+
+    # -- the shadow slot ------------------------------------------------------------------
+    def install_shadow(self, bundle_dir: Path, *, source: str) -> InstallResult:
+        """Install the (already verified) bundle in ``bundle_dir`` into its shadow slot:
+        stage, load and warm up, self-benchmark — the checks of :meth:`install` before its
+        switch — and never switch: the A/B slots, pointer, markers and install-state
+        file stay as they are (:mod:`.shadowslot`). Outcome "committed" (running as
+        shadow) or "noop" (the active release, or the candidate already in the slot).
+
+        Raises:
+            InstallError: refused ("plan": a release the device could never switch to,
+                or another profile's bundle) or failed at "stage", "load" or
+                "benchmark"; the shadow slot is empty then.
+        """
+        try:
+            src = load_bundle(Path(bundle_dir))
+        except BundleError as exc:
+            state = {"name": "", "status": "failed", "step": "stage", "reason": str(exc)}
+            shadowinstall.report(self, state, None)
+            raise InstallError(Step.STAGE.value, f"the bundle does not load: {exc}") from exc
+        name = src.manifest.name
+        d = self._dir(name)
+        try:
+            lock = self._lock(d, name, Step.PLAN)
+        except OSError as exc:
+            raise InstallError(Step.PLAN.value, f"{d}: {exc.strerror or exc}", name) from exc
+        try:
+            self._recover_locked(name, d)
+            return shadowinstall.run(self, d, src, source)
+        except OSError as exc:
+            raise InstallError(
+                Step.PLAN.value, f"{exc.strerror or exc} ({exc.filename})", name
+            ) from exc
+        finally:
+            lock.release()
+
+    def clear_shadow(self, name: str) -> BundleId | None:
+        """Empty ``name``'s shadow slot (a switch or a revert ended the comparison);
+        the candidate removed (``None``: the slot was empty).
+
+        Raises:
+            InstallError: step "shadow" — the slot could not be emptied, or another
+                install of ``name`` holds its lock.
+        """
+        d = self._dir(name)
+        if not d.is_dir():
+            return None
+        lock = self._lock(d, name, Step.PLAN)
+        try:
+            removed = shadowslot.empty(self.state_dir, name)
+        except OSError as exc:
+            raise InstallError(
+                shadowslot.STEP_SHADOW,
+                f"cannot empty the shadow slot: {exc.strerror or exc}",
+                name,
+            ) from exc
+        finally:
+            lock.release()
+        if removed is not None:
+            shadowslot.write_state(
+                self.state_dir,
+                name,
+                shadowslot.REMOVED,
+                shadowslot.STEP_SHADOW,
+                target=removed,
+                reason="emptied: a switch or revert ended the comparison",
+            )
+        return removed
+
+    def measure_staged(self, staged: Bundle) -> checks.BenchResult:
+        """Load, warm up and self-benchmark a staged bundle where :meth:`install` would
+        (the caller's ``measure``, else a one-worker pool here).
+
+        Raises:
+            InstallError: step "load" or "benchmark".
+        """
+        cfg = self.config
+        if self.measure is not None:
+            return self.measure(staged, cfg.benchmark_runs, cfg.run_timeout_s)
+        return checks.measure_in_pool(
+            staged, self.pool_config, runs=cfg.benchmark_runs, timeout_s=cfg.run_timeout_s
+        )
+
+    def committed(self, name: str) -> BundleId | None:
+        """The last known good bundle of ``name`` (``None``: none installed)."""
+        return self._committed(self._dir(name))[1]
+
+    def checkpoint(self, point: str) -> None:
+        """Pass ``point`` to the ``checkpoint`` callback (the power-loss tests' hook)."""
+        self._cp(point)
+
+    def shadow(self, name: str) -> BundleId | None:
+        """The candidate in ``name``'s shadow slot (``None``: empty)."""
+        return shadowslot.held(self.state_dir, self._dir(name).name)
 
     # -- what to run, and what is there -------------------------------------------------
     def active_bundle(self, name: str) -> Path | None:

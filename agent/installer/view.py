@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.installer import machine, slots, store
+from agent.installer import machine, shadowslot, slots, store
 from agent.installer.machine import SLOTS, BundleId, SlotFacts
+from agent.installer.shadow import SHADOW_SLOT, shadow_dir
 
 
 def slot_facts(d: Path) -> dict[str, SlotFacts]:
@@ -36,7 +37,9 @@ def active_path(d: Path) -> Path | None:
 
 @dataclass(frozen=True)
 class SlotStatus:
-    """One slot: "committed", "trial", "previous", "installing", "empty" or "unusable"."""
+    """One slot: "committed", "trial", "previous", "installing", "empty" or "unusable";
+    the shadow slot (``slot`` "shadow", listed while it holds anything): "shadow" (a
+    checked candidate running beside the active bundle, never acting) or "unusable"."""
 
     name: str
     slot: str
@@ -60,7 +63,8 @@ class SlotStatus:
 
 
 def name_status(name: str, d: Path) -> list[SlotStatus]:
-    """Both slots of ``name``, with the last result from its install-state file."""
+    """Both slots of ``name``, with the last result from its install-state file, and its
+    shadow slot when it holds anything, with the last shadow install's result."""
     pointer, _ = store.read_pointer(d)
     journal, problem = store.read_journal(d)
     facts = slot_facts(d)
@@ -84,4 +88,17 @@ def name_status(name: str, d: Path) -> list[SlotStatus]:
             state = "empty" if not f.present else "unusable"
         path = slots.slot_dir(d, s)
         out.append(SlotStatus(name, s, path, state, s == active, f.bundle, last))
-    return out
+    shadow = shadow_status(name, d)
+    return [*out, shadow] if shadow is not None else out
+
+
+def shadow_status(name: str, d: Path) -> SlotStatus | None:
+    """The shadow slot of ``name`` (``d`` its directory); ``None`` while it is empty."""
+    state_dir = d.parent.parent
+    path = shadow_dir(state_dir, name)
+    if not slots.is_present(path):
+        return None
+    candidate = shadowslot.held(state_dir, name)
+    state = SHADOW_SLOT if candidate is not None else "unusable"
+    last = shadowslot.read_state(state_dir, name)
+    return SlotStatus(name, SHADOW_SLOT, path, state, False, candidate, last)

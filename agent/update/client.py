@@ -22,7 +22,7 @@ from tuf.ngclient.config import UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 from tuf.ngclient.updater import Updater
 
-from agent.update.directive import duplicate_keys, verify_directive
+from agent.update.directive import MODE_ACTIVE, duplicate_keys, verify_directive
 from agent.update.download import custom_of, describe, download_bundle, targetinfo
 from agent.update.errors import (
     STEP_REFRESH,
@@ -81,6 +81,8 @@ class Assignment:
         digest: the directive's digest (equal digests: the same directive).
         version: the bundle's semantic version ("" when the repository gives none).
         profiles: firmware profiles the bundle is for (empty: any).
+        mode: the directive's mode: ``active`` (install and switch) or ``shadow``
+            (install into the shadow slot; see :mod:`agent.installer.shadow`).
     """
 
     target_path: str
@@ -94,6 +96,12 @@ class Assignment:
     digest: str = ""
     version: str = ""
     profiles: tuple[str, ...] = ()
+    mode: str = MODE_ACTIVE
+
+    @property
+    def shadow(self) -> bool:
+        """Whether the directive installs into the shadow slot (never switches)."""
+        return self.mode != MODE_ACTIVE
 
 
 class BundleClient:
@@ -221,6 +229,7 @@ class BundleClient:
                 already_applied=True,
                 expires=d.expires,
                 digest=d.digest,
+                mode=d.mode,
             )
         if d.counter <= applied.counter:
             raise RollbackRefused(
@@ -269,6 +278,7 @@ class BundleClient:
             digest=d.digest,
             version=str(custom.get("version", "")),
             profiles=tuple(str(p) for p in profiles),
+            mode=d.mode,
         )
 
     def download_bundle(self, assignment: Assignment, staging_dir: Path) -> Path:
