@@ -10,7 +10,9 @@ capture timestamp to its decision being queued to the log writer (the hot path n
 waits for the disk; the writer commits in batches), and where the time goes (the
 pipeline's stage histograms, the pool's own stages); (4) with ``cameras`` > 1: the same
 total frame rate spread over that many cameras, one pipeline each, their capacity
-unpaced and each camera's latency, drops and starvation.
+unpaced and each camera's latency, drops and starvation; (5) with ``shadow`` (a candidate
+bundle): the load of step 3 again with the candidate as each pipeline's shadow on a
+``shadow_sample`` share of the frames, and the ratio of the two e2e p99s.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from agent.config import parse_config
 from agent.errors import AgentError
 from agent.kernel.bundle import load_bundle
 from agent.pipeline.runner import Decision
+from agent.shadow.config import MAX_SHADOW_FPS
 from runtime.bench import Progress, measure_bare
 from runtime.metrics import new_histogram, summarize
 from runtime.preprocess import Preprocessor
@@ -47,6 +50,8 @@ TARGET_OVER_BARE_MS = 1.0
 """Issue 15's target: e2e p99 <= bare p99 + 1 ms at 60 % of capacity."""
 TARGET_CAMERA_RATIO = 1.5
 """Issue 15's target: with N cameras, each camera's p99 <= 1.5 x the single camera's."""
+TARGET_SHADOW_RATIO = 1.10
+"""Issue 17's target: a shadow at sample 0.2 costs the live e2e p99 at most 10 %."""
 
 
 def _first_frame(video: str) -> np.ndarray:
@@ -89,7 +94,10 @@ def _agent_config(
     cameras: int = 1,
     *,
     staggered: bool = False,
+    shadow: tuple[float, float] | None = None,
 ) -> Any:
+    """The bench's agent config; ``shadow``: (sample, max_fps) of the ``[shadow]``
+    section (the candidate itself is given to :func:`_run`)."""
     runtime: dict[str, Any] = {"heartbeat_timeout_s": 5.0}
     if workers:
         runtime["workers"] = workers
@@ -111,11 +119,22 @@ def _agent_config(
                 for i, n in enumerate(names)
             ],
             "pipelines": [{"name": n, "source": n, "bundle": str(bundle)} for n in names],
+            "shadow": {"sample": shadow[0], "max_fps": shadow[1]} if shadow else {},
         }
     )
 
 
-def _run(cfg: Any, duration_s: float, label: str, progress: bool) -> dict[str, Any]:
+def _shadow_totals(agent: Agent) -> tuple[int, int]:
+    """(compared, skipped) summed over the pipelines' shadows."""
+    counts = agent.pipelines.shadow_counters().values()
+    compared = sum(c["compared"] for c in counts)
+    skipped = sum(c["skipped_busy"] + c["skipped_behind"] for c in counts)
+    return compared, skipped
+
+
+def _run(
+    cfg: Any, duration_s: float, label: str, progress: bool, shadow: Path | None = None
+) -> dict[str, Any]:
     names = [c.name for c in cfg.cameras]
     hists = {n: new_histogram() for n in names}
     total = new_histogram()
@@ -130,6 +149,8 @@ def _run(cfg: Any, duration_s: float, label: str, progress: bool) -> dict[str, A
             counted[d.record.source] += 1
 
     agent = Agent(cfg, on_decision=on_decision, http=False)
+    if shadow is not None:  # every pipeline shadows this candidate
+        agent.pipelines.shadow_resolve = lambda _p: shadow
     t_start = time.monotonic()
     agent.start()
     if agent.problems:
@@ -151,6 +172,7 @@ def _run(cfg: Any, duration_s: float, label: str, progress: bool) -> dict[str, A
         agent.pool.reset_metrics()
     cams = {n: agent.cameras[n] for n in names}
     c0 = {n: c.stats() for n, c in cams.items()}
+    s0 = _shadow_totals(agent)
     t0 = time.monotonic()
     while (elapsed := time.monotonic() - t0) < duration_s:
         time.sleep(0.1)
@@ -158,6 +180,7 @@ def _run(cfg: Any, duration_s: float, label: str, progress: bool) -> dict[str, A
     bar.done()
     elapsed = time.monotonic() - t0
     c1 = {n: c.stats() for n, c in cams.items()}
+    s1 = _shadow_totals(agent)
     with lock:
         per_camera = {
             n: {
@@ -192,6 +215,8 @@ def _run(cfg: Any, duration_s: float, label: str, progress: bool) -> dict[str, A
         "stages_ms": _p50_p99(stages[0]) if len(stages) == 1 else {},
         "pool_stages_ms": pool_stages,
         "in_flight": max((r.in_flight for r in agent.runners), default=1),
+        "shadow_frames": s1[0] - s0[0],
+        "shadow_skipped": s1[1] - s0[1],
     }
 
 
@@ -227,13 +252,30 @@ def run_agent_bench(
     state_dir: Path | None = None,
     progress: bool = True,
     cameras: int = 1,
+    shadow: Path | None = None,
+    shadow_sample: float = 0.2,
+    shadow_max_fps: float = MAX_SHADOW_FPS,
 ) -> dict[str, Any]:
     """Measure bare runtime, capacity, then the hot path at ``load`` x capacity; with
-    ``cameras`` > 1 also the same total frame rate over that many cameras."""
+    ``cameras`` > 1 also the same total frame rate over that many cameras; with
+    ``shadow`` (a bundle directory) the same load again with it as the shadow on a
+    ``shadow_sample`` share of the frames (at most ``shadow_max_fps`` a second; by default
+    no cap to speak of, so that the share is what is measured).
+
+    Raises:
+        AgentError: no such video, no camera, a shadow sample outside 0..1, or a part of
+            the agent (the shadow included) did not start.
+    """
     if not Path(video).is_file():
         raise AgentError(f"bench source {video}: no such file")
     if cameras < 1:
         raise AgentError(f"bench needs at least one camera, got {cameras}")
+    if not 0.0 <= shadow_sample <= 1.0:
+        raise AgentError(f"bench --shadow-sample must be 0..1, got {shadow_sample}")
+    if not 0.0 < shadow_max_fps <= MAX_SHADOW_FPS:
+        raise AgentError(f"bench --shadow-max-fps must be above 0, at most {MAX_SHADOW_FPS:g}")
+    if shadow is not None:
+        load_bundle(shadow)  # a bad candidate fails here, naming its file
     bundle = load_bundle(bundle_dir)
     manifest = bundle.manifest
     frame = _first_frame(video)
@@ -265,6 +307,22 @@ def run_agent_bench(
             f"hot path at {load:.0%} of capacity ({fps:.0f} fps)",
             progress,
         )
+        shadowed: dict[str, Any] | None = None
+        if shadow is not None:
+            shadowed = _run(
+                _agent_config(
+                    bundle_dir,
+                    video,
+                    fps,
+                    state / "load-shadow",
+                    workers,
+                    shadow=(shadow_sample, shadow_max_fps),
+                ),
+                duration_s,
+                f"hot path at {load:.0%} with the shadow on {shadow_sample:.0%} of the frames",
+                progress,
+                shadow=shadow,
+            )
         many: dict[str, Any] | None = None
         staggered: dict[str, Any] | None = None
         if cameras > 1:
@@ -319,6 +377,29 @@ def run_agent_bench(
         "cameras": cameras,
         "per_camera_p99_ms": {n: p["p99_ms"] for n, p in run["per_camera"].items()},
     }
+    if shadowed is not None:
+        base_p99 = e2e["p99_ms"]
+        with_p99 = shadowed["e2e"]["p99_ms"]
+        report.update(
+            {
+                "shadow_bundle": str(shadow),
+                "shadow_sample": shadow_sample,
+                "shadow_max_fps": shadow_max_fps,
+                "e2e_p50_ms": shadowed["e2e"]["p50_ms"],
+                "e2e_p99_ms": with_p99,
+                "e2e_p999_ms": shadowed["e2e"]["p999_ms"],
+                "e2e_p50_ms_baseline": e2e["p50_ms"],
+                "e2e_p99_ms_baseline": base_p99,
+                "p99_ratio": round(with_p99 / base_p99, 4) if base_p99 else None,
+                "shadow_frames": shadowed["shadow_frames"],
+                "shadow_skipped": shadowed["shadow_skipped"],
+                "shadow_decisions_per_s": round(shadowed["rate"], 1),
+                "decisions_per_s_baseline": round(run["rate"], 1),
+                "load_share_of_capacity": round(shadowed["rate"] / capacity, 3)
+                if capacity
+                else None,
+            }
+        )
     if many is not None and staggered is not None:
         single = e2e["p99_ms"]
 
@@ -359,6 +440,15 @@ def format_report(r: dict[str, Any]) -> str:
         f"p99 {r['e2e_p99_ms']:.3f} ms  (target <= bare p99 + {TARGET_OVER_BARE_MS:g} ms = "
         f"{target:.3f}: {met})",
     ]
+    if "p99_ratio" in r:
+        ratio = r["p99_ratio"]
+        ok = "met" if ratio is not None and ratio <= TARGET_SHADOW_RATIO else "NOT met"
+        lines.append(
+            f"with the shadow on {r['shadow_sample']:.0%} of the frames: e2e p99 "
+            f"{r['e2e_p99_ms']:.3f} ms vs {r['e2e_p99_ms_baseline']:.3f} ms without = {ratio} "
+            f"(target <= {TARGET_SHADOW_RATIO:g}: {ok}); {r['shadow_frames']} frames compared, "
+            f"{r['shadow_skipped']} skipped (pool busy)"
+        )
     if r["stages_ms"]:
         lines.append(
             "pipeline stages p50/p99 ms: "

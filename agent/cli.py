@@ -190,6 +190,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else None,
         progress=not args.quiet,
         cameras=args.cameras,
+        shadow=Path(args.shadow) if args.shadow else None,
+        shadow_sample=args.shadow_sample,
+        shadow_max_fps=args.shadow_max_fps,
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -309,7 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="the whole hot path on the real pool vs the bare runtime",
-        epilog="example: edge-agent bench --bundle bundles/cls --source line.avi --json b.json",
+        epilog="examples:\n"
+        "  edge-agent bench --bundle bundles/cls --source line.avi --json b.json\n"
+        "  edge-agent bench --bundle bundles/cls --source line.avi --shadow bundles/cls-v2 "
+        "--shadow-sample 0.2 --json shadow.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--bundle", required=True, help="bundle directory")
     bench.add_argument("--source", required=True, help="video file to capture from")
@@ -318,6 +325,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workers", type=int, default=None, help="pool workers")
     bench.add_argument("--cameras", type=int, default=1, help="also spread the load over N cameras")
     bench.add_argument("--state-dir", help="where the bench's decision log goes (default: temp)")
+    bench.add_argument(
+        "--shadow",
+        metavar="BUNDLE_DIR",
+        help="also run the load with this bundle as every pipeline's shadow candidate and "
+        "report e2e_p99_ms with it, e2e_p99_ms_baseline without, p99_ratio, shadow_frames, "
+        "shadow_skipped",
+    )
+    bench.add_argument(
+        "--shadow-sample", type=float, default=0.2, help="share of frames the shadow gets (0..1)"
+    )
+    bench.add_argument(
+        "--shadow-max-fps",
+        type=float,
+        default=1000.0,
+        help="cap on shadow frames a second per pipeline (default: no cap to speak of; "
+        "the agent's [shadow] max_fps defaults to 5)",
+    )
     bench.add_argument("--json", help="write the report here")
     bench.add_argument("--quiet", action="store_true", help="no progress display")
     bench.set_defaults(func=cmd_bench)
