@@ -307,6 +307,46 @@ class RolloutsSection(Section):
     tick_s: float = Field(1.0, gt=0, le=3600, description="Seconds between reconciliation ticks.")
 
 
+class DriftSection(Section):
+    """Drift per (model version, line): the current window against a reference window
+    (:mod:`fleet_server.quality.drift`)."""
+
+    reference_hours: float = Field(
+        24.0,
+        gt=0,
+        le=24 * 365,
+        description="Hours after a version's first bucket on a line that make its "
+        "reference window (unless an operator pinned one). A float: 0.05 is 3 minutes.",
+    )
+    window_hours: float = Field(
+        24.0,
+        gt=0,
+        le=24 * 365,
+        description="Hours before now that make the current window (never before the "
+        "reference window's end).",
+    )
+    min_count: int = Field(
+        500,
+        ge=1,
+        description="Decisions each window needs before drift is judged at all.",
+    )
+    psi_threshold: float = Field(
+        0.25, gt=0, description="Drifted when any histogram's PSI is above this."
+    )
+    js_threshold: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="Drifted when any histogram's Jensen-Shannon distance is above this.",
+    )
+    interval_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="Seconds between two runs of the drift job in fleet-server serve.",
+    )
+
+
 class FleetServerConfig(Section):
     """The whole fleet server configuration file."""
 
@@ -323,6 +363,7 @@ class FleetServerConfig(Section):
     )
     ingest: IngestSection = Field(default_factory=IngestSection, description="Ingest.")
     rollouts: RolloutsSection = Field(default_factory=RolloutsSection, description="Rollouts.")
+    drift: DriftSection = Field(default_factory=DriftSection, description="Drift.")
     auth: AuthSection = Field(default_factory=AuthSection, description="Sign-in sessions.")
 
     @property

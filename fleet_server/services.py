@@ -1,6 +1,6 @@
 """The services ``fleet-server serve`` runs beside the API: MQTT ingest into the
-database, the bundle file server, and the rollout controller's reconciliation loop
-publishing directives.
+database, the bundle file server, the rollout controller's reconciliation loop
+publishing directives, and the drift job.
 
 On the managed broker each connection holds its own certificate (CN ``fleet:files``,
 ``fleet:rollouts``, ``fleet:ingest-<i>``: :mod:`fleet_server.broker.identity`), which is
@@ -35,6 +35,8 @@ from fleet_server.ingest.health import register_workers, worker_options
 from fleet_server.ingest.quality import PublishedVersions
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.ingest.worker import IngestWorker
+from fleet_server.quality.drift import DriftSettings
+from fleet_server.quality.drift_job import run_drift
 from fleet_server.rollout.service import RolloutService
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 PUBLISH_TIMEOUT_S = 10.0
 FILES_HEALTH = "files"
 ROLLOUTS_HEALTH = "rollouts"
+DRIFT_HEALTH = "drift"
 
 
 def service_identity(ctx: ServerContext, service: str) -> tuple[Path, Path, str]:
@@ -240,3 +243,62 @@ class RolloutRunner:
         self.ctx.rollouts = None
         if self.publisher is not None:
             self.publisher.close()
+
+
+def drift_settings(ctx: ServerContext) -> DriftSettings:
+    """The ``[drift]`` section as the drift job's settings."""
+    cfg = ctx.config.drift
+    return DriftSettings(
+        reference_hours=cfg.reference_hours,
+        window_hours=cfg.window_hours,
+        min_count=cfg.min_count,
+        psi_threshold=cfg.psi_threshold,
+        js_threshold=cfg.js_threshold,
+    )
+
+
+class DriftRunner:
+    """The drift job (:func:`fleet_server.quality.drift_job.run_drift`) every
+    ``[drift] interval_s``, on its own thread; a failed run is logged and counted, and
+    the next one comes at the next interval."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.runs = 0
+        self.failures = 0
+        self.raised = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> None:
+        """One run now."""
+        result = run_drift(self.ctx.engine, drift_settings(self.ctx))
+        self.runs += 1
+        self.raised += len(result.raised)
+
+    def _loop(self) -> None:
+        interval = self.ctx.config.drift.interval_s
+        while not self._stop.wait(interval):
+            try:
+                self.run_once()
+            except Exception:  # a failed run must not end the loop: log, count, go on
+                self.failures += 1
+                log.exception("drift job failed (%d so far)", self.failures)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="drift", daemon=True)
+        self._thread.start()
+        self.ctx.health.register(DRIFT_HEALTH, self.health)
+
+    def health(self) -> PartHealth:
+        """Ok while the job's thread runs."""
+        alive = self._thread is not None and self._thread.is_alive()
+        detail = {"loop_alive": alive, "runs": self.runs, "failures": self.failures,
+                  "raised": self.raised}  # fmt: skip
+        return PartHealth(alive, detail)
+
+    def stop(self) -> None:
+        self.ctx.health.unregister(DRIFT_HEALTH)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)

@@ -24,7 +24,7 @@ from agent.kernel.sdnotify import Notifier, forget
 from fleet_server.cli.setup import add_parser as add_setup_parser
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
 from fleet_server.serve import FleetServer, ServiceFactory
-from fleet_server.services import FileService, IngestService, RolloutRunner
+from fleet_server.services import DriftRunner, FileService, IngestService, RolloutRunner
 
 EXIT_ERROR = 2
 EXIT_PART_DIED = 1
@@ -40,10 +40,11 @@ log = logging.getLogger(__name__)
 
 
 def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
-    """The services ``serve`` starts with the server: the ingest workers and the rollout
-    service (which also answers the API's rollout endpoints)."""
+    """The services ``serve`` starts with the server: the ingest workers, the file
+    server, the rollout service (which also answers the API's rollout endpoints) and the
+    drift job."""
     del config
-    return [IngestService, FileService, RolloutRunner]
+    return [IngestService, FileService, RolloutRunner, DriftRunner]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -267,3 +267,31 @@ def drift_keys(bind: Bind) -> list[tuple[str, str, str]]:
     )
     with reading(bind) as conn:
         return [(r[0], r[1], r[2]) for r in conn.execute(query)]
+
+
+def first_buckets(
+    bind: Bind,
+    *,
+    model_name: str | None = None,
+    model_version: str | None = None,
+    line: str | None = None,
+) -> dict[tuple[str, str, str], int]:
+    """The first bucket's start per (model_name, model_version, line) matching the
+    filters: when that version reached that line."""
+    t = drift_hours
+    where: list[sa.ColumnElement[bool]] = []
+    for column, value in (
+        (t.c.model_name, model_name),
+        (t.c.model_version, model_version),
+        (t.c.line, line),
+    ):
+        if value is not None:
+            where.append(column == value)
+    query = (
+        sa.select(t.c.model_name, t.c.model_version, t.c.line, sa.func.min(t.c.hour))
+        .where(*where)
+        .group_by(t.c.model_name, t.c.model_version, t.c.line)
+        .order_by(t.c.model_name, t.c.model_version, t.c.line)
+    )
+    with reading(bind) as conn:
+        return {(r[0], r[1], r[2]): int(r[3]) for r in conn.execute(query)}
