@@ -1,7 +1,7 @@
 """One install (or rollback by hand) in a process of its own, for the power-loss and
 disk-full tests.
 
-usage: install_driver.py STATE_DIR (--bundle DIR | --rollback NAME)
+usage: install_driver.py STATE_DIR (--bundle DIR [--shadow] | --rollback NAME)
                          [--window S] [--probe default|errors] [--fsize BYTES]
 
 ``EDGEFLEET_TEST_CRASH_AT=<checkpoint>``: the process SIGKILLs itself the first time the
@@ -32,6 +32,7 @@ def main() -> int:
     parser.add_argument("state_dir")
     parser.add_argument("--bundle")
     parser.add_argument("--rollback")
+    parser.add_argument("--shadow", action="store_true", help="install into the shadow slot")
     parser.add_argument("--window", type=float, default=0.3)
     parser.add_argument("--probe", choices=["default", "errors"], default="default")
     parser.add_argument("--fsize", type=int, default=0)
@@ -65,6 +66,8 @@ def main() -> int:
     try:
         if args.rollback:
             result = installer.rollback(args.rollback)
+        elif args.shadow:
+            result = installer.install_shadow(Path(args.bundle), source="test")
         else:
             probe = errors_probe if args.probe == "errors" else None
             result = installer.install(Path(args.bundle), source="test", health_probe=probe)
