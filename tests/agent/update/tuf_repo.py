@@ -257,17 +257,20 @@ class TufRepo:
         expires: datetime | None = None,
         signers: list[Signer] | None = None,
         target: TargetFile | None = None,
+        mode: Any = None,
     ) -> bytes:
-        """A directive signed by the director key(s) (or ``signers``)."""
+        """A directive signed by the director key(s) (or ``signers``); ``mode`` (any
+        JSON value) goes into custom.mode when given."""
         path = published if isinstance(published, str) else published.manifest_path
         source = target or self.targets.signed.targets[path]
+        custom: dict[str, Any] = {"device_id": device_id, "hardware_class": hardware_class}
+        if mode is not None:
+            custom["mode"] = mode
         signed = Targets(
             version=counter,
             expires=expires or utc_now() + timedelta(days=1),
             targets={path: TargetFile(source.length, dict(source.hashes), path)},
-            unrecognized_fields={
-                "custom": {"device_id": device_id, "hardware_class": hardware_class}
-            },
+            unrecognized_fields={"custom": custom},
         )
         md = Metadata(signed)
         self.sign(md, signers if signers is not None else self.signers[DIRECTOR])
