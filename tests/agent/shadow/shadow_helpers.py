@@ -60,3 +60,36 @@ def frame(level: int, seq: int = 0) -> Frame:
     """A flat 48x64 BGR frame of brightness ``level`` (0..255)."""
     image = np.full((48, 64, 3), level, np.uint8)
     return Frame("cam", seq, image, time.perf_counter_ns(), time.time())
+
+
+def spot_detector_bundle(out: Path, gain: float, *, version: str = "1.0.0") -> Bundle:
+    """A heatmap "detector": the map is the frame's luma (channel mean, 0..1) times
+    ``gain``; a region above 0.5 is a detection labelled "spot". A candidate with a
+    higher gain finds spots the live one does not."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    g = numpy_helper.from_array(np.array(gain, np.float32), "g")
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+            helper.make_node("Mul", ["m", "g"], ["map"]),
+        ],
+        "spots",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 1, 32, 32])],
+        initializer=[g],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    path = out.parent / f"{out.name}.onnx"
+    onnx.save(model, str(path))
+    bundle = init_bundle(path, out, name="spots", version=version)
+    manifest = json.loads((bundle.path / "manifest.json").read_text())
+    manifest["postprocess"] = {
+        "kind": "detection",
+        "format": "heatmap",
+        "threshold": 0.5,
+        "labels": ["spot"],
+    }
+    (bundle.path / "manifest.json").write_text(json.dumps(manifest))
+    return load_bundle(bundle.path)

@@ -302,3 +302,64 @@ def test_pool_busy_is_false_when_idle_and_true_while_work_waits(pool: WorkerPool
     while pool.busy() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert not pool.busy()
+
+
+def test_a_chain_judges_the_candidate_with_the_live_chain_on_its_own_detections(
+    tmp_path: Path, decision_log: DecisionLog
+) -> None:
+    from agent.policy import PolicySpec
+    from tests.agent.shadow.shadow_helpers import spot_detector_bundle
+
+    live_det = spot_detector_bundle(tmp_path / "b" / "det1", 1.0, version="1.0.0")
+    cand_det = spot_detector_bundle(tmp_path / "b" / "det2", 2.0, version="2.0.0")
+    classifier = bright_bundle(tmp_path / "b" / "cls", 0.2, version="1.0.0")
+    models = [
+        live_det.model_config("c.0"),
+        classifier.model_config("c.1"),
+        cand_det.model_config("c#shadow", queue_bound=2),
+    ]
+    policy = PolicySpec.model_validate(
+        {"rules": [{"outcome": "reject", "label": "bright"}], "default": "pass"}
+    )
+    with WorkerPool(models, PoolConfig(workers=1, pin=False, heartbeat_timeout_s=30)) as pool:
+        runner = PipelineRunner(
+            "c",
+            source_name="cam",
+            line="L1",
+            source=None,  # type: ignore[arg-type]
+            pool=pool,
+            stages=[
+                Stage.build(live_det, "c.0", pool),
+                Stage.build(classifier, "c.1", pool, max_crops=4, padding=0.05),
+            ],
+            policy=policy,
+            config_hash="h",
+            emit=lambda d: None,
+        )
+        m = cand_det.manifest
+        key = ShadowKey(m.name, m.version, m.release, cand_det.digest)
+        shadow = ShadowRunner(
+            "c",
+            pool=pool,
+            candidate=Stage.build(cand_det, "c#shadow", pool),
+            live_stages=runner.stages,
+            policy=policy,
+            key=key,
+            stats=ShadowStats(key),
+            store=ShadowStore(tmp_path, DecisionLogConfig()),
+            sampler=Sampler(1.0, 1e9),
+        )
+        image = np.zeros((64, 64, 3), np.uint8)
+        image[16:48, 16:48] = 100  # luma 0.39: a spot for the candidate (x2) only
+        f = Frame("cam", 1, image, time.perf_counter_ns(), time.time())
+        d = runner.process(f)
+        decision_log.append(d.record)
+        row = shadow.run(d, image, True)
+        shadow.store.close()
+    assert d.verdict.outcome == "pass"  # the live detector saw nothing
+    assert row is not None
+    assert row.shadow_outcome == "reject"  # its spot, classified "bright" by the live chain
+    assert not row.agree
+    assert (row.matched, row.unmatched_live, row.unmatched_shadow) == (0, 0, 1)
+    assert [c["label"] for c in row.shadow_outputs["crops"]] == ["bright"]
+    assert row.thumbnail is not None
