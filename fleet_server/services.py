@@ -247,14 +247,7 @@ class RolloutRunner:
 
 def drift_settings(ctx: ServerContext) -> DriftSettings:
     """The ``[drift]`` section as the drift job's settings."""
-    cfg = ctx.config.drift
-    return DriftSettings(
-        reference_hours=cfg.reference_hours,
-        window_hours=cfg.window_hours,
-        min_count=cfg.min_count,
-        psi_threshold=cfg.psi_threshold,
-        js_threshold=cfg.js_threshold,
-    )
+    return DriftSettings.of(ctx.config.drift)
 
 
 class DriftRunner:

@@ -25,10 +25,12 @@ from fleet_server.api.context import ServerContext
 from fleet_server.api.decisions import decisions_router
 from fleet_server.api.devices import devices_router
 from fleet_server.api.enroll import enroll_router
+from fleet_server.api.events import events_router
 from fleet_server.api.forwarded import ForwardedMiddleware
 from fleet_server.api.login import login_router
 from fleet_server.api.models import HealthOut, ServiceHealthOut, error_responses
 from fleet_server.api.ports import ActionRefused
+from fleet_server.api.quality import quality_router
 from fleet_server.api.rollouts import rollouts_router
 from fleet_server.auth import (
     AuthBusy,
@@ -171,5 +173,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(devices_router(ctx), responses=unauthorized)
     app.include_router(rollouts_router(ctx), responses=unauthorized)
     app.include_router(decisions_router(ctx), responses=unauthorized)
+    app.include_router(quality_router(ctx), responses=unauthorized)
+    app.include_router(events_router(ctx), responses=unauthorized)
     install_console(app, ctx)
     return app

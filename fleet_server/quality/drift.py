@@ -53,6 +53,17 @@ class DriftSettings:
     psi_threshold: float = 0.25
     js_threshold: float = 0.2
 
+    @classmethod
+    def of(cls, section: Any) -> DriftSettings:
+        """The settings of a ``[drift]`` section (any object with these attributes)."""
+        return cls(
+            reference_hours=float(section.reference_hours),
+            window_hours=float(section.window_hours),
+            min_count=int(section.min_count),
+            psi_threshold=float(section.psi_threshold),
+            js_threshold=float(section.js_threshold),
+        )
+
 
 @dataclass
 class Counts:
