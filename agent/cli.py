@@ -210,6 +210,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     elif report["outcome"] in ("committed", "noop"):
         what = f"{report['bundle']} {report.get('version', '')} (release {report['release']})"
         done = "already installed" if report["outcome"] == "noop" else "installed and committed"
+        if report.get("mode") == "shadow" and report["outcome"] == "committed":
+            done = "installed as shadow (runs beside the active bundle, never acts)"
         print(f"{what}: {done}; a running agent takes it on SIGHUP (systemctl reload)")
     else:
         print(
