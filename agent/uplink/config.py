@@ -12,6 +12,7 @@ from agent.kernel.configbase import Section
 from agent.uplink.outbox import DEFAULT_DROP_ORDER, full_drop_order
 from agent.uplink.pacing import PacingSettings
 from agent.wire.messages import MAX_DECISION_ROWS
+from agent.wire.quality import MAX_DRIFT_HOURS
 
 
 class UplinkConfig(Section):
@@ -58,6 +59,21 @@ class UplinkConfig(Section):
     decisions_interval_s: float = Field(
         2.0, gt=0, le=3600, description="Seconds between looks for decisions to upload."
     )
+    quality_interval_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Seconds between looks for model-quality data to upload: shadow "
+        "comparisons, and drift buckets that are over (bucket end + 60 s) and changed "
+        "since their last upload.",
+    )
+    quality_batch: int = Field(
+        200,
+        ge=1,
+        le=MAX_DRIFT_HOURS,
+        description="Most shadow comparisons or drift buckets in one upload (fewer when "
+        "the payload would be over the size cap).",
+    )
     ack_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -88,8 +104,10 @@ class UplinkConfig(Section):
     drop_order: list[str] = Field(
         list(DEFAULT_DROP_ORDER),
         description="Which records the outbox drops first when over its budget: an order "
-        "of thumbnail, health, event, decisions (default: thumbnails first, decisions "
-        "last); an order without thumbnail drops thumbnails first.",
+        "of thumbnail, quality, health, event, decisions (default: thumbnails first, "
+        "decisions last); an order without thumbnail drops thumbnails first, one without "
+        "quality drops quality batches right after thumbnails (their rows stay in the "
+        "decision log and are queued again).",
     )
     drain_rate_per_s: float = Field(
         200.0,

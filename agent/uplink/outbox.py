@@ -1,18 +1,19 @@
 """The outbox: every record for the fleet (health reports, events, decision-upload
-batches, decision thumbnails) is written here, durably, before it is sent, and deleted
-only when the broker's PUBACK says success (:mod:`agent.uplink.drain`). paho keeps
-unacknowledged messages in memory only; this SQLite file is what survives a SIGKILL, a
-power cut or a week offline.
+batches, decision thumbnails, model-quality batches) is written here, durably, before it
+is sent, and deleted only when the broker's PUBACK says success (:mod:`agent.uplink.drain`).
+paho keeps unacknowledged messages in memory only; this SQLite file is what survives a
+SIGKILL, a power cut or a week offline.
 
 It is bounded: ``max_bytes`` of payload. To admit a record past it, whole records are
-dropped oldest first in ``drop_order`` (default: thumbnails first, then health, events,
-decisions last); a record that can't fit even then is itself dropped. Every drop is counted by
-kind, and the first one after a quiet spell raises the ``outbox_dropping`` alarm; the
-alarm clears when the outbox is back under half its budget. A full disk (SQLite's
-``SQLITE_FULL``) is handled the same way: drop by policy, try again, and count the record
-lost only if that fails too. Before that point, when the file system is down to
-``disk_reserve_bytes``, the outbox stops growing its file and makes room the same way,
-so the policy decides what goes, not whichever write hits the full disk first.
+dropped oldest first in ``drop_order`` (default: thumbnails first, then quality batches,
+health, events, decisions last); a record that can't fit even then is itself dropped.
+Every drop is counted by kind, and the first one after a quiet spell raises the
+``outbox_dropping`` alarm; the alarm clears when the outbox is back under half its budget.
+A full disk (SQLite's ``SQLITE_FULL``) is handled the same way: drop by policy, try
+again, and count the record lost only if that fails too. Before that point, when the
+file system is down to ``disk_reserve_bytes``, the outbox stops growing its file and
+makes room the same way, so the policy decides what goes, not whichever write hits the
+full disk first.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ KIND_HEALTH = "health"
 KIND_EVENT = "event"
 KIND_DECISIONS = "decisions"
 KIND_THUMBNAIL = "thumbnail"
-KINDS = (KIND_THUMBNAIL, KIND_HEALTH, KIND_EVENT, KIND_DECISIONS)
+KIND_QUALITY = "quality"
+"""Shadow comparisons and closed drift buckets (:mod:`agent.uplink.quality`)."""
+KINDS = (KIND_THUMBNAIL, KIND_QUALITY, KIND_HEALTH, KIND_EVENT, KIND_DECISIONS)
 DEFAULT_DROP_ORDER = KINDS
-"""Thumbnails first (the device keeps its own copy), then telemetry, decisions last."""
+"""Thumbnails first (the device keeps its own copy), then quality batches (their rows
+stay in the decision log and are queued again), telemetry, decisions last."""
 ALARM_DROPPING = "outbox_dropping"
 ROW_OVERHEAD_BYTES = 96
 """Counted per record on top of its payload (its row: seq, kind, topic, ids, times)."""
@@ -65,7 +69,8 @@ CREATE INDEX IF NOT EXISTS idx_outbox_kind_seq ON outbox (kind, seq);
 def full_drop_order(order: Sequence[str]) -> tuple[str, ...]:
     """``order`` as a drop order of every kind: each of :data:`KINDS` once, where
     ``thumbnail`` may be left out (an order written before thumbnails were uploaded) and
-    then comes first.
+    then comes first, and ``quality`` may be left out (an order written before quality
+    batches) and then comes right after ``thumbnail``.
 
     Raises:
         ValueError: a kind unknown, repeated or missing.
@@ -73,6 +78,8 @@ def full_drop_order(order: Sequence[str]) -> tuple[str, ...]:
     given = list(order)
     if KIND_THUMBNAIL not in given:
         given.insert(0, KIND_THUMBNAIL)
+    if KIND_QUALITY not in given:
+        given.insert(given.index(KIND_THUMBNAIL) + 1, KIND_QUALITY)
     if sorted(given) != sorted(KINDS):
         raise ValueError(f"must name each of {', '.join(KINDS)} once, got {list(order)}")
     return tuple(given)
@@ -101,7 +108,7 @@ class Entry:
     topic: str
     payload: bytes
     ids: tuple[str, ...]
-    """For a decision batch: the decision ids in it."""
+    """For a decision batch: the decision ids in it; for a quality batch, its rows' keys."""
     created: float
 
     @property
@@ -331,8 +338,16 @@ class Outbox:
         Raises:
             OutboxError: the file can't be read.
         """
+        return self.ids_of(KIND_DECISIONS)
+
+    def ids_of(self, kind: str) -> set[str]:
+        """Every id held in a queued record of ``kind``.
+
+        Raises:
+            OutboxError: the file can't be read.
+        """
         out: set[str] = set()
-        for entry in self._select("kind = ? ORDER BY seq", (KIND_DECISIONS,)):
+        for entry in self._select("kind = ? ORDER BY seq", (kind,)):
             out.update(entry.ids)
         return out
 

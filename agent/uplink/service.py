@@ -43,10 +43,12 @@ from agent.uplink.outbox import (
     KIND_DECISIONS,
     KIND_EVENT,
     KIND_HEALTH,
+    KIND_QUALITY,
     KIND_THUMBNAIL,
     Entry,
     Outbox,
 )
+from agent.uplink.quality import QualitySender
 from agent.uplink.session import fleet_session
 from agent.uplink.sysinfo import SysInfo
 from agent.wire import topics
@@ -148,6 +150,7 @@ class Uplink:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._decisions_wake = threading.Event()
+        self._quality_wake = threading.Event()
         self._state_due = threading.Event()
         self._connected = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -161,6 +164,7 @@ class Uplink:
         self._pub = Publisher(self.session, config.max_queued_messages)
         self._pub.on_answer = self._on_answer
         self._batcher: decisions.Batcher | None = None
+        self._quality: QualitySender | None = None
         self.outbox = Outbox(
             config.outbox_path(state_dir),
             int(config.outbox_max_mb * 1024 * 1024),
@@ -190,6 +194,9 @@ class Uplink:
                 batch=config.decisions_batch,
                 thumbnails_dir=decision_log.state_dir if config.upload_thumbnails else None,
             )
+            self._quality = QualitySender(
+                decision_log.path, device_id, self.outbox, self._pub, batch=config.quality_batch
+            )
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -202,9 +209,11 @@ class Uplink:
         if self._started:
             raise UplinkError("already started (an Uplink starts once)")
         self._started = True
-        if self._batcher is not None:
+        for part in (self._batcher, self._quality):
+            if part is None:
+                continue
             try:
-                self._batcher.reconcile()
+                part.reconcile()
             except EdgefleetError as exc:
                 log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
         if self._owns_session:
@@ -215,6 +224,8 @@ class Uplink:
         self._spawn("uplink-outbox", self._drain.run)
         if self._batcher is not None:
             self._spawn("uplink-decisions", self._decisions_loop)
+        if self._quality is not None:
+            self._spawn("uplink-quality", self._quality_loop)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -239,6 +250,7 @@ class Uplink:
         self._wake.set()
         self._drain.notify()
         self._decisions_wake.set()
+        self._quality_wake.set()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -248,6 +260,8 @@ class Uplink:
         if self._owns_session:
             self.session.stop(max(deadline - time.monotonic(), 1.0), publish_will=True)
         self._connected.clear()
+        if self._quality is not None:
+            self._quality.close()
         self.outbox.close()
 
     # -- what is sent ------------------------------------------------------------------
@@ -425,15 +439,58 @@ class Uplink:
             elif failures:
                 wait = min(interval * 2 ** min(failures, 6), max(_MAX_BACKOFF_S, interval))
 
+    def _quality_loop(self) -> None:
+        """Queue shadow comparisons and closed drift buckets while connected (offline, the
+        decision log holds them), at most :meth:`Drain.ahead` quality records ahead of the
+        sender; every ``quality_interval_s``, at once on connect and while more wait."""
+        sender = self._quality
+        if sender is None:
+            return
+        interval = self.config.quality_interval_s
+        failures = 0
+        wait = 0.0
+        while not self._stop.is_set():
+            self._quality_wake.wait(wait)
+            self._quality_wake.clear()
+            if self._stop.is_set():
+                break
+            wait = interval
+            if not self.connected:
+                continue
+            if self.outbox.pending(KIND_QUALITY) >= self._drain.ahead():
+                wait = min(interval, 0.1)
+                continue
+            try:
+                queued = sender.fill_once()
+                failures = 0
+            except EdgefleetError as exc:
+                failures += 1
+                log.error("uplink: %s", exc)  # noqa: TRY400 - expected, no traceback
+                queued = 0
+            except Exception:
+                failures += 1
+                log.exception("uplink: queueing quality data failed")
+                queued = 0
+            if queued:
+                self._drain.notify()
+            if queued and sender.more_waiting:
+                wait = 0.0
+            elif failures:
+                wait = min(interval * 2 ** min(failures, 6), max(_MAX_BACKOFF_S, interval))
+
     # -- outbox callbacks --------------------------------------------------------------
 
     def _delivered(self, entries: Sequence[Entry]) -> None:
         if self._batcher is not None:
             self._batcher.delivered(entries)
+        if self._quality is not None:
+            self._quality.delivered(entries)
 
     def _outbox_dropped(self, entry: Entry) -> None:
         if self._batcher is not None:
             self._batcher.dropped(entry)
+        if self._quality is not None:
+            self._quality.dropped(entry)
 
     def _outbox_alarm(self, kind: str, message: str) -> None:
         if self._on_alarm is not None:
@@ -456,6 +513,7 @@ class Uplink:
         self._wake.set()
         self._drain.notify()
         self._decisions_wake.set()  # a backlog starts draining at once
+        self._quality_wake.set()
 
     def _on_down(self, reason: str) -> None:
         was_up = self._connected.is_set()

@@ -84,5 +84,5 @@ def test_the_agent_accepts_the_config_the_harness_writes(tmp_path: Path) -> None
     assert cfg.agent.device_id == "hil-x"
     assert cfg.cameras[0].kind == "http"
     assert cfg.uplink.drain_rate_per_s == 2.0
-    assert cfg.uplink.drop_order == ["thumbnail", "event", "health", "decisions"]  # put first
+    assert cfg.uplink.drop_order == ["thumbnail", "quality", "event", "health", "decisions"]
     assert cfg.actions.actions[0].outcomes == ["pass", "reject", "review"]

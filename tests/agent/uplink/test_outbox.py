@@ -69,7 +69,9 @@ def test_over_budget_it_drops_health_first_then_events_and_decisions_last(
     assert box.put("event", "t", payload(9)) is None
     box.put("decisions", "t", payload(10), ["d10"])  # only now the oldest decision goes
     assert dropped[-1] == "decisions0000"
-    assert box.stats()["dropped"] == {"thumbnail": 0, "health": 3, "event": 3, "decisions": 1}
+    assert box.stats()["dropped"] == {
+        "thumbnail": 0, "quality": 0, "health": 3, "event": 3, "decisions": 1,
+    }  # fmt: skip
     assert len(alarms) == 1  # raised once when dropping started
     assert alarms[0][0] == ALARM_DROPPING
     assert "health" in alarms[0][1]
@@ -87,7 +89,7 @@ def test_thumbnails_go_first_and_an_order_written_without_them_still_drops_them_
         tmp_path / "o.db", 3 * RECORD, drop_order=["event", "health", "decisions"],
         on_dropped=lambda e: dropped.append(e.kind),
     ).open()  # fmt: skip
-    assert box.drop_order == ("thumbnail", "event", "health", "decisions")
+    assert box.drop_order == ("thumbnail", "quality", "event", "health", "decisions")
     box.put("health", "t", payload(0))
     box.put("thumbnail", "t", payload(1), ["d1"])
     box.put("event", "t", payload(2))
@@ -96,7 +98,7 @@ def test_thumbnails_go_first_and_an_order_written_without_them_still_drops_them_
     assert box.put("thumbnail", "t", payload(4), ["d4"]) is None  # evicts nothing else
     assert box.stats()["dropped"]["thumbnail"] == 2
     box.close()
-    with pytest.raises(OutboxError, match="thumbnail, health, event, decisions"):
+    with pytest.raises(OutboxError, match="thumbnail, quality, health, event, decisions"):
         Outbox(tmp_path / "p.db", RECORD, drop_order=["health", "event"])
     with pytest.raises(OutboxError, match="unknown record kind 'image'"):
         Outbox(tmp_path / "q.db", RECORD).open().put("image", "t", b"x")

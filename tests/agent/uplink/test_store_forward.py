@@ -110,6 +110,7 @@ def test_an_outage_loses_nothing_and_every_record_arrives_once(
     assert seqs == list(range(health_put))  # none missing, none twice
     assert uplink_stats["outbox"]["dropped"] == {
         "thumbnail": 0,
+        "quality": 0,
         "health": 0,
         "event": 0,
         "decisions": 0,
