@@ -93,6 +93,17 @@ class PinIn(BaseModel):
     end: float = Field(description="Window end, Unix seconds (after start).")
 
 
+class PinOut(ApiModel):
+    """The reference window of (model version, line): pinned, or the default (nulls)."""
+
+    model: str = Field(description="Bundle (model) name.")
+    version: str = Field(description="Version.")
+    line: str = Field(description="Production line.")
+    start: float | None = Field(description="Pinned start (null: the default window).")
+    end: float | None = Field(description="Pinned end (null: the default window).")
+    pinned_by: str | None = Field(description="Who pinned it.")
+
+
 def drift_out(report: DriftReport, status: DriftStatus | None) -> DriftOut:
     """The API form of a report, with the held flag."""
     return DriftOut(
@@ -134,8 +145,8 @@ def quality_router(ctx: ServerContext) -> APIRouter:
         raised = [f"{r.model_name} {r.model_version} {r.line}" for r in result.raised]
         return CheckOut(items=outs(result.reports), raised=raised)
 
-    @router.put("/pin", status_code=204)
-    def pin(body: PinIn, who: Annotated[Principal, require("rollouts:write")]) -> None:
+    @router.put("/pin")
+    def pin(body: PinIn, who: Annotated[Principal, require("rollouts:write")]) -> PinOut:
         """Pin the reference window of (model version, line)."""
         try:
             pin_reference(
@@ -144,15 +155,19 @@ def quality_router(ctx: ServerContext) -> APIRouter:
             )  # fmt: skip
         except StorageError as exc:
             raise HTTPException(400, exc.reason) from None
+        return PinOut(model=body.model, version=body.version, line=body.line,
+                      start=body.start, end=body.end, pinned_by=who.name)  # fmt: skip
 
-    @router.delete("/pin", status_code=204, dependencies=WRITE)
+    @router.delete("/pin", dependencies=WRITE)
     def unpin(
         model: Annotated[str, Query(description="Bundle (model) name.")],
         version: Annotated[str, Query(description="Version.")],
         line: Annotated[str, Query(description="Production line.")],
-    ) -> None:
+    ) -> PinOut:
         """Go back to the default reference window (the first hours)."""
         if not unpin_reference(ctx.engine, model, version, line):
             raise HTTPException(404, f"no pinned reference for {model} {version} line {line}")
+        return PinOut(model=model, version=version, line=line, start=None, end=None,
+                      pinned_by=None)  # fmt: skip
 
     return router

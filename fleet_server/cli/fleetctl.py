@@ -18,6 +18,7 @@ import sys
 
 from agent.kernel.errors import EdgefleetError
 from fleet_server.cli.bundle import add_bundle
+from fleet_server.cli.drift import add_drift
 from fleet_server.cli.fleet import add_fleet_commands
 from fleet_server.cli.repo import add_directive, add_keys, add_repo
 from fleet_server.cli.users import add_users_commands
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bundle(commands)
     add_directive(commands)
     add_fleet_commands(commands)
+    add_drift(commands)
     add_users_commands(commands)
     return parser
 

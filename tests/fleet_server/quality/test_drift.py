@@ -5,11 +5,10 @@ crossing into drift."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from sqlalchemy.engine import Engine
 
-from agent.wire.quality import DRIFT_BINS, DriftHour, bin_index
+from agent.wire.quality import DriftHour
 from fleet_server.db import store
 from fleet_server.db.errors import StorageError
 from fleet_server.quality.drift import DriftSettings, evaluate, merge
@@ -22,52 +21,25 @@ from fleet_server.quality.drift_job import (
     run_drift,
     unpin_reference,
 )
-from fleet_server.quality.store import DriftRow, list_drift_hours, upsert_drift_hours
+from fleet_server.quality.store import DriftRow, list_drift_hours
+from tests.fleet_server.quality import drift_data
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]
 
-PERIOD = 60
+PERIOD = drift_data.PERIOD
 T0 = 1_750_000_020 // PERIOD * PERIOD
 SETTINGS = DriftSettings(reference_hours=10 * PERIOD / 3600, window_hours=5 * PERIOD / 3600,
                          min_count=500)  # fmt: skip
 
 
-def bucket(
-    minute: int, n: int, *, line: str = "1", brightness: float = 120.0, seed: int = 0
-) -> DriftHour:
-    """A bucket of ``n`` decisions on frames of about ``brightness`` mean luma."""
-    rng = np.random.default_rng(seed * 1000 + minute)
-    hist = {name: [0] * (len(edges) - 1) for name, edges in DRIFT_BINS.items()}
-    outcomes = {"pass": 0, "reject": 0}
-    for _ in range(n):
-        hist["brightness"][bin_index("brightness", rng.normal(brightness, 12))] += 1
-        hist["contrast"][bin_index("contrast", rng.normal(40, 5))] += 1
-        hist["sharpness"][bin_index("sharpness", rng.normal(2.5, 0.3))] += 1
-        score = float(rng.uniform(0.5, 1.0))
-        hist["score"][bin_index("score", score)] += 1
-        outcomes["reject" if score < 0.6 else "pass"] += 1
-    for name in ("detections", "box_area"):
-        del hist[name]
-    return DriftHour(
-        model_name="cls",
-        model_version="1.0.0",
-        line=line,
-        source="cam0",
-        hour=T0 + minute * PERIOD,
-        period_s=PERIOD,
-        n=n,
-        outcomes=outcomes,
-        top_class={"ok": n},
-        hist=hist,
-    )
+def bucket(minute: int, n: int, *, line: str = "1", brightness: float = 120.0) -> DriftHour:
+    return drift_data.bucket(T0 + minute * PERIOD, n, line=line, brightness=brightness)
 
 
 def fill(
     db: Engine, device: str, line: str, minutes: range, n: int, brightness: float = 120.0
 ) -> None:
-    seed = sum(map(ord, device))
-    hours = [bucket(m, n, line=line, brightness=brightness, seed=seed) for m in minutes]
-    upsert_drift_hours(db, device, hours)
+    drift_data.fill(db, device, line, T0, minutes, n, brightness)
 
 
 def now_after(minute: int) -> float:
