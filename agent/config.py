@@ -20,6 +20,7 @@ from agent.actions.config import ActionsConfig
 from agent.capture.config import CameraConfig
 from agent.decisionlog.config import DecisionLogConfig
 from agent.directives.config import BundlesConfig
+from agent.drift.config import DriftConfig
 from agent.http import HttpConfig
 from agent.kernel.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section, dotted
 from agent.kernel.errors import ConfigError
@@ -193,6 +194,10 @@ class AgentConfig(Section):
     shadow: ShadowConfig = Field(
         default_factory=ShadowConfig,
         description="A candidate in a bundle's shadow slot, run beside the live model.",
+    )
+    drift: DriftConfig = Field(
+        default_factory=DriftConfig,
+        description="Drift histograms per model version, line, source and bucket.",
     )
 
     def uses_installer(self) -> bool:

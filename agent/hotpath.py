@@ -122,6 +122,7 @@ class HotPath:
             config.decision_log,
             device_id=config.agent.device_id,
             on_alarm=self._alarm,
+            drift=config.drift,
         )
         self.dispatcher = ActionDispatcher(
             config.actions.actions,
