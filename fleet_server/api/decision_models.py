@@ -16,11 +16,13 @@ from fleet_server.review import (
     DecisionDetail,
     DecisionSummary,
     Label,
+    OutcomeScore,
     Page,
     Review,
     Verdict,
     encode_cursor,
     image_url,
+    merged,
 )
 from fleet_server.review.reviews import MAX_NOTE
 
@@ -239,6 +241,43 @@ class ConfusionOut(ApiModel):
     count: int = Field(description="How many reviews.")
 
 
+class OutcomeScoreOut(ApiModel):
+    """Precision and recall of one outcome, each with its Wilson interval."""
+
+    outcome: str = Field(description="The outcome.")
+    correct: int = Field(description="Reviews where the device and the reviewer both said it.")
+    decided: int = Field(description="Reviewed decisions the device called it.")
+    labelled: int = Field(description="Reviewed decisions the reviewer labelled it.")
+    precision: float | None = Field(
+        description="correct / decided: of the device's calls of it, the share the reviewer "
+        "confirmed (null when the device never called it)."
+    )
+    precision_lower: float = Field(description="Lower Wilson bound of precision.")
+    precision_upper: float = Field(description="Upper Wilson bound of precision.")
+    recall: float | None = Field(
+        description="correct / labelled: of the decisions the reviewer labelled it, the "
+        "share the device called it (null when the reviewer never labelled it)."
+    )
+    recall_lower: float = Field(description="Lower Wilson bound of recall.")
+    recall_upper: float = Field(description="Upper Wilson bound of recall.")
+
+
+def _outcome_out(score: OutcomeScore) -> OutcomeScoreOut:
+    p, r = score.precision, score.recall
+    return OutcomeScoreOut(
+        outcome=score.outcome,
+        correct=p.hits,
+        decided=p.n,
+        labelled=r.n,
+        precision=p.value,
+        precision_lower=p.lower,
+        precision_upper=p.upper,
+        recall=r.value,
+        recall_lower=r.lower,
+        recall_upper=r.upper,
+    )
+
+
 class AccuracyGroupOut(ApiModel):
     """Accuracy of one group of reviewed decisions."""
 
@@ -247,6 +286,15 @@ class AccuracyGroupOut(ApiModel):
     confirmed: int = Field(description="Reviews that confirmed the device.")
     overridden: int = Field(description="Reviews that changed the outcome.")
     accuracy: float = Field(description="confirmed / reviewed.")
+    accuracy_lower: float = Field(
+        description="Lower Wilson bound of accuracy at the answer's confidence."
+    )
+    accuracy_upper: float = Field(
+        description="Upper Wilson bound of accuracy at the answer's confidence."
+    )
+    outcomes: list[OutcomeScoreOut] = Field(
+        description="Precision and recall per outcome decided or labelled, by outcome."
+    )
     confusion: list[ConfusionOut] = Field(description="Decided -> reviewed outcome counts.")
 
 
@@ -254,17 +302,22 @@ class AccuracyOut(ApiModel):
     """Accuracy per group, from the reviews (the ground-truth labels)."""
 
     group: list[str] = Field(description="The group keys.")
+    confidence: float = Field(description="Confidence of every interval (0.95: 95 %).")
     groups: list[AccuracyGroupOut] = Field(description="One per group with reviews.")
     total: AccuracyGroupOut | None = Field(description="All groups together (null: none).")
 
 
 def _group_out(acc: Accuracy) -> AccuracyGroupOut:
+    bounds = acc.interval
     return AccuracyGroupOut(
         key=acc.key,
         reviewed=acc.reviewed,
         confirmed=acc.confirmed,
         overridden=acc.overridden,
         accuracy=acc.accuracy,
+        accuracy_lower=bounds.lower,
+        accuracy_upper=bounds.upper,
+        outcomes=[_outcome_out(o) for o in acc.outcomes],
         confusion=[
             ConfusionOut(decided=d, reviewed=r, count=n)
             for (d, r), n in sorted(acc.confusion.items())
@@ -272,22 +325,12 @@ def _group_out(acc: Accuracy) -> AccuracyGroupOut:
     )
 
 
-def accuracy_out(group: list[str], groups: list[Accuracy]) -> AccuracyOut:
-    """The API form of accuracy per group."""
-    total = None
-    if groups:
-        pairs: dict[tuple[str, str], int] = {}
-        for acc in groups:
-            for pair, n in acc.confusion.items():
-                pairs[pair] = pairs.get(pair, 0) + n
-        total = Accuracy(
-            {},
-            sum(a.reviewed for a in groups),
-            sum(a.confirmed for a in groups),
-            pairs,
-        )
+def accuracy_out(group: list[str], groups: list[Accuracy], confidence: float) -> AccuracyOut:
+    """The API form of accuracy per group (intervals at ``confidence``)."""
+    total = merged(groups)
     return AccuracyOut(
         group=group,
+        confidence=confidence,
         groups=[_group_out(a) for a in groups],
         total=None if total is None else _group_out(total),
     )

@@ -41,6 +41,7 @@ from fleet_server.api.decision_models import (
 from fleet_server.api.models import error_responses
 from fleet_server.auth.deps import Principal, require
 from fleet_server.review import (
+    DEFAULT_CONFIDENCE,
     DEFAULT_LIMIT,
     FILTER_PARAMS,
     MAX_EXPORT_ROWS,
@@ -73,7 +74,9 @@ NO_IMAGE = error_responses(e404="No such decision, or no image of it uploaded")
 IMAGE_CACHE = "private, max-age=86400"
 """A stored image never changes: the browser keeps it a day (private: it needs a sign-in)."""
 DEFAULT_GROUP = "line,model_version"
-ACCURACY_PARAMS = ("group", "line", "model_version", "device", "site", "since", "until")
+ACCURACY_PARAMS = (
+    "group", "line", "model_version", "device", "site", "since", "until", "confidence",
+)  # fmt: skip
 
 
 @contextmanager
@@ -210,6 +213,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         return out
 
     @router.get("/decisions/accuracy", dependencies=[*READ, accuracy_params])
+    @router.get("/accuracy", dependencies=[*READ, accuracy_params])
     def accuracy_by_group(
         f: Annotated[DecisionFilter, Depends(accuracy_filter)],
         group: Annotated[
@@ -220,11 +224,18 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
                 "device, decided ('' for one total)",
             ),
         ] = DEFAULT_GROUP,
+        confidence: Annotated[
+            float,
+            Query(description="Confidence of the Wilson intervals, 0.5..0.9999 (0.95: 95 %)"),
+        ] = DEFAULT_CONFIDENCE,
     ) -> AccuracyOut:
-        """Accuracy (confirmed / reviewed) per group, from the reviews."""
+        """Accuracy (confirmed / reviewed) per group, from the reviews, with its Wilson
+        interval (accuracy_lower, accuracy_upper), and precision and recall of each
+        outcome with theirs. Also at ``/api/v1/accuracy``."""
         with answering():
             keys = parse_group(group)
-            return accuracy_out(keys, accuracy(ctx.engine, keys, f))
+            groups = accuracy(ctx.engine, keys, f, confidence=confidence)
+            return accuracy_out(keys, groups, confidence)
 
     @router.get(
         "/decisions/export.csv",

@@ -5,7 +5,10 @@ reviews (the ground-truth labels), accuracy from those labels and CSV export.
 - :mod:`~fleet_server.review.rows`: list rows, best score, a decision's line (pure).
 - :mod:`~fleet_server.review.query`: the filtered, keyset-paginated list.
 - :mod:`~fleet_server.review.reviews`: a decision in whole; confirming or overriding it.
-- :mod:`~fleet_server.review.labels`: the labels feed and accuracy per group.
+- :mod:`~fleet_server.review.labels`: the labels feed, accuracy per group and a model
+  version's labelled accuracy for the rollout gates.
+- :mod:`~fleet_server.review.scores`: accuracy, precision and recall with Wilson
+  intervals (pure).
 - :mod:`~fleet_server.review.export`: CSV of a filtered list, streamed.
 - :mod:`~fleet_server.review.images`: a decision's image (the thumbnail its device
   uploaded).
@@ -43,7 +46,9 @@ from fleet_server.review.labels import (
     Accuracy,
     Label,
     accuracy,
+    labelled_accuracy,
     labels_since,
+    merged,
     parse_group,
 )
 from fleet_server.review.query import Page, list_decisions
@@ -55,9 +60,18 @@ from fleet_server.review.reviews import (
     save_review,
 )
 from fleet_server.review.rows import DecisionSummary, Review, line_of, top_result
+from fleet_server.review.scores import (
+    DEFAULT_CONFIDENCE,
+    OutcomeScore,
+    Proportion,
+    check_confidence,
+    outcome_scores,
+    proportion,
+)
 
 __all__ = [
     "COLUMNS",
+    "DEFAULT_CONFIDENCE",
     "DEFAULT_LIMIT",
     "FILTER_PARAMS",
     "GROUP_KEYS",
@@ -76,12 +90,15 @@ __all__ = [
     "ImageRecord",
     "Label",
     "NoImage",
+    "OutcomeScore",
     "Page",
+    "Proportion",
     "Review",
     "ReviewError",
     "UnknownDecision",
     "Verdict",
     "accuracy",
+    "check_confidence",
     "check_export_size",
     "decision_image",
     "decode_cursor",
@@ -92,11 +109,15 @@ __all__ = [
     "image_sizes",
     "image_sizes_by_device",
     "image_url",
+    "labelled_accuracy",
     "labels_since",
     "line_of",
     "list_decisions",
+    "merged",
+    "outcome_scores",
     "parse_filter",
     "parse_group",
+    "proportion",
     "save_review",
     "top_result",
 ]

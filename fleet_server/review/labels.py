@@ -1,5 +1,7 @@
-"""Ground-truth labels out of the reviews: the feed a training or export job pulls, and
-accuracy per group.
+"""Ground-truth labels out of the reviews: the feed a training or export job pulls,
+accuracy per group (with Wilson intervals and per-outcome precision and recall,
+:mod:`fleet_server.review.scores`), and a model version's labelled accuracy on a set of
+lines for the rollout gates (:func:`labelled_accuracy`).
 
 A label is a decision's current review with what a training job needs to find the
 input again (device, capture time, input digest, bundle digest, the thumbnail path on
@@ -21,6 +23,15 @@ from fleet_server.db.tables import decision_reviews, decisions
 from fleet_server.review.errors import BadQuery
 from fleet_server.review.filters import DecisionFilter
 from fleet_server.review.query import devices_labelled
+from fleet_server.review.scores import (
+    DEFAULT_CONFIDENCE,
+    OutcomeScore,
+    Proportion,
+    agreed,
+    check_confidence,
+    outcome_scores,
+    proportion,
+)
 
 MAX_LABELS = 5000
 """The most labels one call returns."""
@@ -62,12 +73,14 @@ class Label:
 @dataclass(frozen=True)
 class Accuracy:
     """Reviews of one group: how many, how many confirmed the device, and which
-    decided -> reviewed outcome pairs were seen (``confusion``)."""
+    decided -> reviewed outcome pairs were seen (``confusion``); intervals are at
+    ``confidence``."""
 
     key: dict[str, str]
     reviewed: int
     confirmed: int
     confusion: dict[tuple[str, str], int]
+    confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def overridden(self) -> int:
@@ -78,6 +91,34 @@ class Accuracy:
     def accuracy(self) -> float:
         """confirmed / reviewed."""
         return self.confirmed / self.reviewed
+
+    @property
+    def interval(self) -> Proportion:
+        """confirmed of reviewed with its Wilson interval at ``confidence``."""
+        return proportion(self.confirmed, self.reviewed, self.confidence)
+
+    @property
+    def outcomes(self) -> list[OutcomeScore]:
+        """Precision and recall of each outcome decided or labelled in the group."""
+        return outcome_scores(self.confusion, self.confidence)
+
+
+def merged(groups: Sequence[Accuracy], key: dict[str, str] | None = None) -> Accuracy | None:
+    """The groups together as one (None when there are none); intervals at the first
+    group's confidence."""
+    if not groups:
+        return None
+    pairs: dict[tuple[str, str], int] = {}
+    for acc in groups:
+        for pair, n in acc.confusion.items():
+            pairs[pair] = pairs.get(pair, 0) + n
+    return Accuracy(
+        key or {},
+        sum(a.reviewed for a in groups),
+        sum(a.confirmed for a in groups),
+        pairs,
+        groups[0].confidence,
+    )
 
 
 def _text(payload: dict[str, Any], key: str) -> str:
@@ -153,16 +194,25 @@ def parse_group(text: str) -> list[str]:
     return keys
 
 
-def accuracy(bind: Bind, group: Sequence[str], f: DecisionFilter) -> list[Accuracy]:
+def accuracy(
+    bind: Bind,
+    group: Sequence[str],
+    f: DecisionFilter,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> list[Accuracy]:
     """Accuracy of the devices' decisions against the reviews, per ``group`` (an empty
     group: one total), over the reviewed decisions matching ``f`` (its ``line``,
     ``model_version``, ``device``, ``site``, ``since`` and ``until``; the line is the
     one the review recorded). Groups come sorted by key; groups without reviews are
-    not listed.
+    not listed. Their intervals (:attr:`Accuracy.interval`, :attr:`Accuracy.outcomes`)
+    are at ``confidence``.
 
     Raises:
-        BadQuery: an unknown group key, or a filter accuracy does not take.
+        BadQuery: an unknown group key, a filter accuracy does not take, or a
+            ``confidence`` out of range.
     """
+    check_confidence(confidence)
     for key in group:
         if key not in GROUP_KEYS:
             raise BadQuery("group", f"{key!r} is not one of {', '.join(GROUP_KEYS)}")
@@ -202,8 +252,31 @@ def accuracy(bind: Bind, group: Sequence[str], f: DecisionFilter) -> list[Accura
         Accuracy(
             key=dict(zip(group, values, strict=True)),
             reviewed=sum(pairs.values()),
-            confirmed=sum(n for (decided, label), n in pairs.items() if decided == label),
+            confirmed=agreed(pairs),
             confusion=pairs,
+            confidence=confidence,
         )
         for values, pairs in sorted(confusion.items())
     ]
+
+
+def labelled_accuracy(
+    bind: Bind, model_name: str, model_version: str, lines: Sequence[str] | None
+) -> tuple[int, int]:
+    """``(confirmed, reviewed)``: the reviews of ``model_name`` ``model_version``'s
+    decisions on ``lines`` (the line each review recorded; None: every line, ``[]``:
+    none, so ``(0, 0)``), and how many of them confirmed the device. What a rollout's
+    accuracy gates judge (docs/rollouts.md): a Wilson lower bound of confirmed /
+    reviewed, or the drop from the previous version on the same lines.
+    """
+    if lines is not None and not lines:
+        return 0, 0
+    r = decision_reviews
+    where = [r.c.model_name == model_name, r.c.model_version == model_version]
+    if lines is not None:
+        where.append(r.c.line.in_(sorted(set(lines))))
+    confirmed = sa.func.coalesce(sa.func.sum(sa.case((r.c.decided == r.c.outcome, 1), else_=0)), 0)
+    query = sa.select(confirmed, sa.func.count()).select_from(r).where(*where)
+    with reading(bind) as conn:
+        row = conn.execute(query).one()
+    return int(row[0]), int(row[1])
