@@ -166,6 +166,7 @@ class ShadowRunner:
                 if not self._jobs:
                     self._wake.wait(_POLL_S)
                     self._wake.clear()
+                    self.store.flush_due()
                     continue
                 job = self._jobs.popleft()
                 try:
@@ -180,7 +181,8 @@ class ShadowRunner:
     # -- one frame ---------------------------------------------------------------------
     def run(self, decision: Decision, data: np.ndarray, is_image: bool) -> ShadowRow | None:
         """Run the candidate on one frame, compare, store and count (on the calling
-        thread); the row written, or None when skipped or failed (counted)."""
+        thread); the row (queued for the store's next commit), or None when skipped or
+        failed (counted)."""
         pool = self.pool
         if pool.busy():
             self._skip_busy()

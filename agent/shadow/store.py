@@ -3,8 +3,10 @@ the frame of each disagreement as a JPEG.
 
 One :class:`ShadowStore` per shadow thread, on a connection of its own to the decision
 log's SQLite file (WAL, a busy timeout): the shadow thread waits for the disk, the live
-path never does. A row per compared frame, keyed by the live decision's id, committed at
-once (a few rows a second at most: ``[shadow] max_fps`` per pipeline).
+path never does. A row per compared frame, keyed by the live decision's id; rows are
+committed in batches (:data:`BATCH_ROWS`, or when the oldest has waited
+:data:`FLUSH_S`, and at close), so a shadow at many frames a second costs a commit a
+second, not one a frame.
 
 Thumbnails go to ``<state_dir>/shadow-thumbnails/YYYY-MM-DD/<decision id>.jpg`` (their
 own directory: the decision log's start-up scan deletes files under ``thumbnails/`` that no
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 THUMBNAIL_DIR = "shadow-thumbnails"
 THUMBNAIL_BUDGET_BYTES = 64 * 1024 * 1024
 """Disk the shadow's thumbnails may take together; past it none is kept."""
+BATCH_ROWS = 64
+"""Rows committed together at most."""
+FLUSH_S = 1.0
+"""The longest a row waits for its commit (while the shadow thread runs)."""
 SEED_LIMIT = 1_000_000
 """The most stored comparisons read back to seed a candidate's totals."""
 
@@ -105,25 +111,47 @@ class ShadowStore:
             schema.migrate(self.conn)
         self._thumbs = thumbs.ThumbnailStore(self.state_dir)
         self._thumbs.bytes = _dir_bytes(self.state_dir / THUMBNAIL_DIR)
+        self._batch: list[tuple[Any, ...]] = []
+        self._batch_at = 0.0
         self.written = 0
         self.thumbnails = 0
         self.thumbnails_dropped = 0
         self.errors = 0
 
-    def write(self, row: ShadowRow, frame: np.ndarray | None = None) -> bool:
-        """Insert ``row``; with ``frame`` (an image: HxWx3 BGR or HxW), first keep it as the
-        row's thumbnail. False when the row could not be written (logged and counted)."""
+    def write(self, row: ShadowRow, frame: np.ndarray | None = None) -> None:
+        """Queue ``row`` for the next commit (committed now when the batch is full or its
+        oldest row waited :data:`FLUSH_S`); with ``frame`` (an image: HxWx3 BGR or HxW),
+        first keep it as the row's thumbnail."""
         if frame is not None:
             row.thumbnail = self._thumbnail(row, frame)
+        if not self._batch:
+            self._batch_at = time.monotonic()
+        self._batch.append(row.values())
+        self.flush_due()
+
+    def flush_due(self) -> None:
+        """Commit the queued rows if the batch is full or its oldest row waited long
+        enough (call it now and then while idle)."""
+        if len(self._batch) >= BATCH_ROWS or (
+            self._batch and time.monotonic() - self._batch_at >= FLUSH_S
+        ):
+            self.flush()
+
+    def flush(self) -> int:
+        """Commit the queued rows; how many were written. A failed batch is logged,
+        counted (``errors``) and dropped: the comparisons are still in the totals."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return 0
         try:
             with transaction(self.conn):
-                self.conn.execute(INSERT_SQL, row.values())
+                self.conn.executemany(INSERT_SQL, batch)
         except sqlite3.Error as e:
-            self.errors += 1
-            log.error("shadow result of decision %s not written: %s", row.decision_id, e)  # noqa: TRY400
-            return False
-        self.written += 1
-        return True
+            self.errors += len(batch)
+            log.error("%d shadow results not written: %s", len(batch), e)  # noqa: TRY400
+            return 0
+        self.written += len(batch)
+        return len(batch)
 
     def seed_rows(self, key: ShadowKey) -> list[tuple[float, float, int]]:
         """``(shadow_ms, live_ms, agree)`` of the comparisons stored for candidate ``key``."""
@@ -136,7 +164,11 @@ class ShadowStore:
         return [(float(a), float(b), int(c)) for a, b, c in rows]
 
     def close(self) -> None:
-        self.conn.close()
+        """Commit what is queued and close the connection."""
+        try:
+            self.flush()
+        finally:
+            self.conn.close()
 
     def _thumbnail(self, row: ShadowRow, frame: np.ndarray) -> str | None:
         if self._thumbs.bytes >= THUMBNAIL_BUDGET_BYTES:
