@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from fleet_server.rollout.errors import RolloutError
 from fleet_server.rollout.events import (
+    MODE_ACTIVE,
+    MODE_SHADOW,
     Approve,
     AssignDirective,
     Cancel,
@@ -16,17 +18,28 @@ from fleet_server.rollout.events import (
     DeviceReport,
     Event,
     InstallOutcome,
+    LabelReport,
     Notify,
     Pause,
     Resume,
     RevertDirective,
     Rollback,
+    ShadowReport,
     Tick,
 )
-from fleet_server.rollout.gates import DeviceSample, GateFail, GatePass, GateWait, evaluate, tvd
+from fleet_server.rollout.gates import (
+    DeviceSample,
+    GateFail,
+    GatePass,
+    GateWait,
+    LabelCounts,
+    evaluate,
+    tvd,
+)
 from fleet_server.rollout.machine import refusal, step
 from fleet_server.rollout.plan import DeviceInfo, plan
 from fleet_server.rollout.serialize import dumps, from_dict, loads, to_dict
+from fleet_server.rollout.shadowgate import ShadowSample, evaluate_shadow
 from fleet_server.rollout.spec import (
     GatePolicy,
     RolloutPolicy,
@@ -49,6 +62,8 @@ from fleet_server.rollout.state import (
 )
 
 __all__ = [
+    "MODE_ACTIVE",
+    "MODE_SHADOW",
     "TERMINAL",
     "Approve",
     "AssignDirective",
@@ -66,6 +81,8 @@ __all__ = [
     "GatePolicy",
     "GateWait",
     "InstallOutcome",
+    "LabelCounts",
+    "LabelReport",
     "Notify",
     "Pause",
     "Phase",
@@ -76,11 +93,14 @@ __all__ = [
     "RolloutError",
     "RolloutPolicy",
     "RolloutSpec",
+    "ShadowReport",
+    "ShadowSample",
     "Tick",
     "Timeouts",
     "Wave",
     "dumps",
     "evaluate",
+    "evaluate_shadow",
     "from_dict",
     "loads",
     "parse_duration",

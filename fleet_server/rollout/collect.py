@@ -9,8 +9,18 @@ ticks or across fleet-server processes.
 
 The install event's payload is the agent's install report (``agent.directives.link``):
 ``outcome`` committed | noop | refused | failed, ``step``, ``bundle``, ``release``, ``at``,
-and ``rolled_back`` where the installer says so; the installer's journal form (``status``
-and ``target``) is read too. A failure at or after the switch is an automatic rollback.
+and ``rolled_back`` where the installer says so, ``mode: "shadow"`` for an install into
+the shadow slot; the installer's journal form (``status`` and ``target``) is read too. A
+failure at or after the switch is an automatic rollback.
+
+What runs in a device's shadow slot is read from its newest health's shadow summary
+(``Health.shadow``: bundle, version, release and the comparison totals). The registry
+keeps no column for ``ReportedState.shadow`` (ingest stores only active and previous),
+and the summary names the same candidate with the numbers the shadow gate needs; a
+committed shadow install event of the target counts too (before the first health).
+
+The review labels for the accuracy gates (:func:`label_counts`) are read per tick only
+when the rollout's policy sets an accuracy gate.
 """
 
 from __future__ import annotations
@@ -25,7 +35,10 @@ from sqlalchemy.engine import Engine
 from agent.wire.messages import EVENT_INSTALL
 from fleet_server.db import store
 from fleet_server.db.store import Device, EventRecord
-from fleet_server.rollout.events import DeviceReport, InstallOutcome
+from fleet_server.review.filters import DecisionFilter
+from fleet_server.review.labels import accuracy
+from fleet_server.rollout.events import DeviceReport, InstallOutcome, ShadowReport
+from fleet_server.rollout.gates import LabelCounts
 from fleet_server.rollout.reports import apply_report
 from fleet_server.rollout.state import Rollout
 
@@ -95,6 +108,24 @@ def health_facts(health: Mapping[str, Any] | None) -> tuple[int, float | None, d
     return _count(health.get("worker_crashes")), max(p99s, default=None), outcomes
 
 
+def shadow_facts(health: Mapping[str, Any] | None) -> ShadowReport | None:
+    """The shadow summary of a health report (None: none, or not well formed)."""
+    shadow = health.get("shadow") if health else None
+    if not isinstance(shadow, dict) or not isinstance(shadow.get("bundle"), str):
+        return None
+    release = shadow.get("release")
+    version = shadow.get("version")
+    n = _count(shadow.get("n"))
+    return ShadowReport(
+        bundle=shadow["bundle"],
+        release=release if isinstance(release, int) and not isinstance(release, bool) else None,
+        version=version if isinstance(version, str) else None,
+        n=n,
+        agree=min(n, _count(shadow.get("agree"))),
+        p99_ms=_number(shadow.get("shadow_p99_ms")),
+    )
+
+
 def device_report(device: Device, install: EventRecord | None, now: float) -> DeviceReport:
     """The report of one device: its row and its newest install event.
 
@@ -103,9 +134,11 @@ def device_report(device: Device, install: EventRecord | None, now: float) -> De
     """
     outcome, bundle, release, auto = (None, None, None, False)
     began: float | None = None
+    shadow_install = False
     if install is not None:
         outcome, bundle, release, auto = install_facts(install.payload)
         began = _number(install.payload.get("at")) or install.ts
+        shadow_install = install.payload.get("mode") == "shadow"
     health = device.health
     health_ts = _number(health.get("ts")) if health else None
     if began is not None and (health_ts is None or health_ts < began):
@@ -120,10 +153,12 @@ def device_report(device: Device, install: EventRecord | None, now: float) -> De
         install=outcome,
         install_bundle=bundle,
         install_release=release,
+        install_shadow=shadow_install,
         auto_rollback=auto,
         worker_crashes=crashes,
         p99_ms=p99,
         outcome_counts=outcomes,
+        shadow=shadow_facts(health),
     )
 
 
@@ -144,7 +179,7 @@ def changes(rollout: Rollout, reports: Iterable[DeviceReport]) -> list[DeviceRep
         held = rollout.devices.get(report.device_id)
         if held is None:
             continue
-        after = apply_report(held, report, rollout.target, report.now)
+        after = apply_report(held, report, rollout.target, report.now, rollout.spec.version)
         if replace(after, reports=held.reports, last_report_at=held.last_report_at) != held:
             out.append(report)
     return out
@@ -163,3 +198,28 @@ def collect(engine: Engine, rollout: Rollout, now: float) -> list[DeviceReport]:
     installs = newest_installs(e for e in events if e.device_id in wanted)
     reports = [device_report(rows[d], installs.get(d), now) for d in rollout.order if d in rows]
     return changes(rollout, reports)
+
+
+def rollout_lines(rollout: Rollout) -> set[str]:
+    """The ``line`` labels of the rollout's devices."""
+    return {line for d in rollout.devices.values() if (line := d.labels.get("line"))}
+
+
+def label_counts(engine: Engine, rollout: Rollout, base_versions: Iterable[str]) -> LabelCounts:
+    """Review labels of the target version and of ``base_versions`` (what the rollout's
+    devices ran before) of the target's bundle, on the rollout's devices' lines (every
+    line when none of its devices has a ``line`` label)."""
+    lines = rollout_lines(rollout)
+    old = set(base_versions) - {rollout.spec.version}
+    counts = {"new": [0, 0], "old": [0, 0]}
+    for group in accuracy(engine, ["model_name", "model_version", "line"], DecisionFilter()):
+        if group.key["model_name"] != rollout.target.name:
+            continue
+        if lines and group.key["line"] not in lines:
+            continue
+        version = group.key["model_version"]
+        side = "new" if version == rollout.spec.version else "old" if version in old else None
+        if side is not None:
+            counts[side][0] += group.confirmed
+            counts[side][1] += group.reviewed
+    return LabelCounts(*counts["new"], *counts["old"])

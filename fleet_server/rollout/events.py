@@ -11,6 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from fleet_server.rollout.gates import LabelCounts
+
+MODE_ACTIVE = "active"
+MODE_SHADOW = "shadow"
+
 
 class InstallOutcome(str, Enum):
     """An install as the device's installer reports it (its journal status, mapped)."""
@@ -23,12 +28,28 @@ class InstallOutcome(str, Enum):
 
 
 @dataclass(frozen=True)
+class ShadowReport:
+    """The candidate a device runs in its shadow slot and its comparison totals since it
+    was installed (the health report's shadow summary). ``release`` may be unknown; the
+    candidate is then matched by ``version``."""
+
+    bundle: str
+    release: int | None = None
+    version: str | None = None
+    n: int = 0
+    agree: int = 0
+    p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class DeviceReport:
     """A device's reported state, as the ingest last saw it.
 
     ``active_*``: the bundle release it runs (None: unknown, the last known is kept).
     ``install``: the outcome of its latest install, which is about ``install_bundle``
-    ``install_release`` (ignored unless that is the rollout's target). ``auto_rollback``:
+    ``install_release`` (ignored unless that is the rollout's target); ``install_shadow``:
+    that install was into the shadow slot. ``shadow``: what runs in the shadow slot, with
+    its comparison totals (None: nothing, or not reported). ``auto_rollback``:
     that install was rolled back by the device after the switch. ``worker_crashes``,
     ``p99_ms`` and ``outcome_counts`` (decisions by outcome) are for the active bundle.
     """
@@ -41,10 +62,21 @@ class DeviceReport:
     install: InstallOutcome | None = None
     install_bundle: str | None = None
     install_release: int | None = None
+    install_shadow: bool = False
     auto_rollback: bool = False
     worker_crashes: int = 0
     p99_ms: float | None = None
     outcome_counts: Mapping[str, int] = field(default_factory=dict)
+    shadow: ShadowReport | None = None
+
+
+@dataclass(frozen=True)
+class LabelReport:
+    """The review labels of the target version and of the versions it replaces, on the
+    rollout's lines, as the shell last read them (for the accuracy gates)."""
+
+    now: float
+    counts: LabelCounts
 
 
 @dataclass(frozen=True)
@@ -93,17 +125,20 @@ class Rollback:
     reason: str = ""
 
 
-Event = DeviceReport | Tick | Approve | Pause | Resume | Cancel | Rollback
+Event = DeviceReport | LabelReport | Tick | Approve | Pause | Resume | Cancel | Rollback
 Operator = Approve | Pause | Resume | Cancel | Rollback
 
 
 @dataclass(frozen=True)
 class AssignDirective:
-    """Send the device a directive for the target bundle release."""
+    """Send the device a directive for the target bundle release: ``mode`` ``active``
+    (install and switch) or ``shadow`` (install into the shadow slot, run beside, never
+    act)."""
 
     device_id: str
     bundle: str
     release: int
+    mode: str = MODE_ACTIVE
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleet_server.quality.stats import proportion_drop, wilson_interval
 from fleet_server.rollout.spec import GatePolicy
 
 Metrics = dict[str, float | int | str | None]
+
+
+@dataclass(frozen=True)
+class LabelCounts:
+    """Review labels: ``confirmed`` of ``reviewed`` decisions of the new version, and
+    ``base_*`` of the version(s) the rollout's devices ran before, on the same lines."""
+
+    confirmed: int = 0
+    reviewed: int = 0
+    base_confirmed: int = 0
+    base_reviewed: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,10 @@ def evaluate(
     budget_ms: float | None,
     *,
     soak_over: bool,
+    labels: LabelCounts | None = None,
 ) -> GateResult:
-    """The gate's verdict over ``samples`` (see the module docstring)."""
+    """The gate's verdict over ``samples`` and the review ``labels`` (see the module
+    docstring)."""
     metrics: Metrics = {"devices": len(samples)}
     fails: list[tuple[str, tuple[str, ...]]] = []
 
@@ -117,17 +131,20 @@ def evaluate(
     done = [s for s in samples if s.done]
     fails += _latency(policy, done, budget_ms, metrics)
     fails += _outcomes(policy, done, metrics)
+    accuracy_fails, unshown = accuracy(policy, labels or LabelCounts(), metrics)
+    fails += [(reason, ()) for reason in accuracy_fails]
 
     if fails:
         devices = tuple(sorted({d for _, ds in fails for d in ds}))
         return GateFail("; ".join(r for r, _ in fails), metrics, devices)
     unsettled = sum(1 for s in samples if not s.settled)
-    if unsettled:
-        return GateWait(f"{unsettled} devices not settled", metrics)
-    if not done:
-        return GateWait("no device done yet", metrics)
-    if not soak_over:
-        return GateWait("soaking", metrics)
+    pending = f"{unsettled} devices not settled" if unsettled else ""
+    if pending or not done:
+        return GateWait(pending or "no device done yet", metrics)
+    if unshown and soak_over:
+        return GateFail(f"accuracy not shown by the end of the soak: {unshown}", metrics, ())
+    if unshown or not soak_over:
+        return GateWait(unshown or "soaking", metrics)
     return GatePass(metrics)
 
 
@@ -175,4 +192,67 @@ def _outcomes(
     if distance > policy.max_outcome_tvd:
         who = tuple(s.device_id for s in done if s.outcomes)
         return [(f"outcome distribution shifted (TVD {distance:.3f})", who)]
+    return []
+
+
+def accuracy(policy: GatePolicy, labels: LabelCounts, metrics: Metrics) -> tuple[list[str], str]:
+    """The accuracy checks: (failure reasons, why accuracy is not shown yet or "").
+
+    Adds ``accuracy``, ``accuracy_lower``, ``accuracy_upper``, ``accuracy_labels``,
+    ``accuracy_status`` and, for the drop, ``accuracy_base``, ``accuracy_base_labels``,
+    ``accuracy_drop``, ``accuracy_p_value`` to ``metrics``.
+    """
+    if policy.min_accuracy is None and policy.accuracy_drop is None:
+        return [], ""
+    need = policy.min_labels
+    n, ok = labels.reviewed, labels.confirmed
+    metrics["accuracy_labels"] = n
+    if n:
+        lower, upper = wilson_interval(ok, n, policy.accuracy_confidence)
+        metrics |= {
+            "accuracy": round(ok / n, 4),
+            "accuracy_lower": round(lower, 4),
+            "accuracy_upper": round(upper, 4),
+        }
+    fails: list[str] = []
+    unshown: list[str] = []
+    if n < need:
+        unshown.append(f"waiting: {n} of {need} labels")
+    elif policy.min_accuracy is not None:
+        limit = policy.min_accuracy
+        if upper < limit:
+            fails.append(
+                f"labelled accuracy {ok / n:.3f} over {n} labels: upper bound {upper:.3f} "
+                f"< min_accuracy {limit:g}"
+            )
+        elif lower < limit:
+            unshown.append(f"lower bound {lower:.3f} < min_accuracy {limit:g} over {n} labels")
+    if policy.accuracy_drop is not None:
+        fails += _drop(policy, labels, metrics, unshown)
+    status = "failed" if fails else ("; ".join(unshown) if unshown else "shown")
+    metrics["accuracy_status"] = status
+    return fails, "; ".join(unshown)
+
+
+def _drop(
+    policy: GatePolicy, labels: LabelCounts, metrics: Metrics, unshown: list[str]
+) -> list[str]:
+    need, limit = policy.min_labels, policy.accuracy_drop
+    base_n, base_ok = labels.base_reviewed, labels.base_confirmed
+    metrics["accuracy_base_labels"] = base_n
+    if base_n:
+        metrics["accuracy_base"] = round(base_ok / base_n, 4)
+    if limit is None or labels.reviewed < need:
+        return []
+    if base_n < need:
+        unshown.append(f"waiting: {base_n} of {need} labels of the previous version")
+        return []
+    test = proportion_drop(labels.confirmed, labels.reviewed, base_ok, base_n)
+    metrics |= {"accuracy_drop": round(test.drop, 4), "accuracy_p_value": round(test.p_value, 6)}
+    if test.significant(policy.accuracy_alpha) and test.drop > limit:
+        return [
+            f"labelled accuracy dropped by {test.drop:.3f} (> {limit:g}) from the previous "
+            f"version's, p = {test.p_value:.4f} < {policy.accuracy_alpha:g} "
+            f"({labels.reviewed} and {base_n} labels)"
+        ]
     return []

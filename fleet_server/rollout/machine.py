@@ -12,12 +12,15 @@ from dataclasses import replace
 
 from fleet_server.rollout import gates
 from fleet_server.rollout.events import (
+    MODE_ACTIVE,
+    MODE_SHADOW,
     Approve,
     AssignDirective,
     Cancel,
     Command,
     DeviceReport,
     Event,
+    LabelReport,
     Notify,
     Operator,
     Pause,
@@ -27,10 +30,12 @@ from fleet_server.rollout.events import (
     Tick,
 )
 from fleet_server.rollout.reports import apply_report
+from fleet_server.rollout.shadowgate import ShadowSample, evaluate_shadow
 from fleet_server.rollout.spec import ALL
 from fleet_server.rollout.state import (
     ACTIVE,
     HISTORY,
+    SHADOW,
     TERMINAL,
     UNASSIGNED,
     UNSETTLED,
@@ -51,6 +56,8 @@ def step(rollout: Rollout, event: Event) -> tuple[Rollout, list[Command]]:
     run = _Run(rollout, max(event.now, rollout.clock))
     if isinstance(event, DeviceReport):
         run.report(event)
+    elif isinstance(event, LabelReport):
+        run.r = replace(run.r, labels=event.counts)
     elif not isinstance(event, Tick):
         run.operator(event)
     run.advance()
@@ -91,7 +98,9 @@ class _Run:
         if device is None:
             self.r = replace(self.r, ignored_reports=self.r.ignored_reports + 1)
             return
-        self.devices[ev.device_id] = apply_report(device, ev, self.r.target, self.now)
+        self.devices[ev.device_id] = apply_report(
+            device, ev, self.r.target, self.now, self.r.spec.version
+        )
 
     def operator(self, ev: Operator) -> None:
         why = refusal(self.r, ev)
@@ -125,6 +134,7 @@ class _Run:
         wait = {
             Phase.PLANNED: 0,
             Phase.ASSIGNING: t.assigning_s,
+            Phase.SHADOW: self.r.spec.shadow_s,
             Phase.SOAKING: self.r.spec.soak_s,
             Phase.AWAITING_APPROVAL: t.awaiting_approval_s,
             Phase.FINISHING: t.finishing_s,
@@ -157,7 +167,7 @@ class _Run:
     def rollback(self, reason: str) -> None:
         for device_id in self.r.order:
             d = self.devices[device_id]
-            if d.wave is None or d.status not in (*UNSETTLED, S.DONE, S.FAILED):
+            if d.wave is None or d.status not in (*UNSETTLED, *SHADOW, S.DONE, S.FAILED):
                 continue
             prev = d.previous
             self.cmds.append(
@@ -198,7 +208,8 @@ class _Run:
 
     def active(self, due: bool) -> None:
         r, now = self.r, self.now
-        self.fill()
+        if r.phase is not Phase.SHADOW:
+            self.fill()
         wave = self.waves[r.wave]
         last = r.wave == len(self.waves) - 1
         verdict = gates.evaluate(
@@ -206,10 +217,13 @@ class _Run:
             self.samples(),
             r.budget_ms,
             soak_over=r.phase is Phase.SOAKING and due,
+            labels=r.labels,
         )
-        self.r = replace(self.r, gate=verdict.metrics)
+        self.r = replace(self.r, gate=verdict.metrics | wave.shadow)
         if isinstance(verdict, gates.GateFail):
             self.fail(verdict)
+            return
+        if self.shadow_phase(due):
             return
         mine = [self.devices[d] for d in r.order if self.devices[d].wave is not None]
         unsettled = [d.device_id for d in mine if d.status in UNSETTLED]
@@ -227,7 +241,7 @@ class _Run:
             elif due:
                 self.pause(self.assign_timeout(unsettled, pending))
         elif r.phase is Phase.SOAKING and due and isinstance(verdict, gates.GatePass):
-            self.waves[r.wave] = replace(wave, passed_at=now, metrics=verdict.metrics)
+            self.waves[r.wave] = replace(wave, passed_at=now, metrics=verdict.metrics | wave.shadow)
             if last:
                 self.finish(pending)
             elif r.spec.policy.approval_between_waves:
@@ -249,6 +263,54 @@ class _Run:
         else:
             left = [d for d in self.r.order if self.devices[d].status is not S.DONE]
             self.enter(Phase.COMPLETED_PARTIAL, f"not done: {_ids(left)}")
+
+    def shadow_phase(self, due: bool) -> bool:
+        """The wave's shadow phase: wait for its devices to run the target as shadow, then
+        judge the pooled agreement; on a pass, switch them (``assigned``). True while the
+        wave is in it (the rest of :meth:`active` is for switched devices)."""
+        r = self.r
+        wave = self.waves[r.wave]
+        mine = [self.devices[i] for i in wave.devices if i in self.devices]
+        waiting = [d.device_id for d in mine if d.status is S.SHADOW_ASSIGNED]
+        shadowing = [d for d in mine if d.status is S.SHADOWING]
+        if not waiting and not shadowing:
+            return False
+        if waiting:
+            if r.phase is not Phase.ASSIGNING:
+                self.enter(Phase.ASSIGNING, f"{len(waiting)} devices installing the shadow")
+            elif due:
+                self.pause(
+                    f"timeout: wave {r.wave + 1} devices did not report the shadow running: "
+                    f"{_ids(waiting)}"
+                )
+            return True
+        if r.phase is not Phase.SHADOW:
+            self.enter(Phase.SHADOW, f"{len(shadowing)} devices run the target as shadow")
+            return True
+        samples = [
+            ShadowSample(d.device_id, d.shadow_n, d.shadow_agree, d.shadow_p99_ms)
+            for d in shadowing
+        ]
+        verdict = evaluate_shadow(r.spec, samples, r.budget_ms, over=due)
+        self.waves[r.wave] = wave = replace(wave, shadow=verdict.metrics)
+        self.r = replace(self.r, gate=self.r.gate | verdict.metrics)
+        if isinstance(verdict, gates.GateFail):
+            self.fail(verdict)
+        elif isinstance(verdict, gates.GatePass):
+            for d in shadowing:
+                self.devices[d.device_id] = replace(d, status=S.ASSIGNED, assigned_at=self.now)
+                self.cmds.append(
+                    AssignDirective(d.device_id, r.target.name, r.target.release, MODE_ACTIVE)
+                )
+            self.waves[r.wave] = replace(wave, shadow_passed_at=self.now)
+            n, agreement = verdict.metrics["shadow_n"], verdict.metrics["shadow_agreement"]
+            lower = verdict.metrics["shadow_lower"]
+            self.enter(
+                Phase.ASSIGNING,
+                f"wave {r.wave + 1} shadow passed: agreement {agreement} "
+                f"(lower bound {lower}, n={n}); switching {len(shadowing)} devices",
+            )
+        return True
 
     def fail(self, verdict: gates.GateFail) -> None:
         wave = self.r.wave + 1
@@ -280,6 +342,8 @@ class _Run:
         wave = self.waves[self.r.wave]
         taken = sum(1 for d in self.devices.values() if d.wave is not None and not d.waived)
         room = wave.target - taken
+        shadow = self.r.spec.shadow_s > 0 and wave.shadow_passed_at is None
+        status, mode = (S.SHADOW_ASSIGNED, MODE_SHADOW) if shadow else (S.ASSIGNED, MODE_ACTIVE)
         added: list[str] = []
         for device_id in self.r.order:
             if room <= 0:
@@ -288,9 +352,10 @@ class _Run:
             if d.status is not S.PENDING or not d.online or self.in_shift(d):
                 continue
             self.devices[device_id] = replace(
-                d, status=S.ASSIGNED, wave=self.r.wave, assigned_at=self.now
+                d, status=status, wave=self.r.wave, assigned_at=self.now
             )
-            self.cmds.append(AssignDirective(device_id, self.r.target.name, self.r.target.release))
+            target = self.r.target
+            self.cmds.append(AssignDirective(device_id, target.name, target.release, mode))
             added.append(device_id)
             room -= 1
         if added:
@@ -308,8 +373,8 @@ class _Run:
         out = []
         for device_id in self.r.order:
             d = self.devices[device_id]
-            if d.wave is None:
-                continue
+            if d.wave is None or d.status in SHADOW:
+                continue  # a shadowing device runs its own bundle: the shadow gate's
             settled = d.status not in UNSETTLED
             if d.waived:
                 out.append(gates.DeviceSample(device_id, settled, d.status is S.DONE))

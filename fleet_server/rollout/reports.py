@@ -9,7 +9,12 @@ The rules, whatever the rollout's phase:
   running or failed) or ``failed`` (the install of the target failed or was rolled back);
 - an install outcome counts only when it is about the target, so a stale failure of an
   earlier release never fails this rollout, and going offline never fails a device;
-- a ``reverting`` device becomes ``rolled-back`` when it reports its previous bundle.
+- a ``reverting`` device becomes ``rolled-back`` when it reports its previous bundle;
+- a ``shadow-assigned`` device becomes ``shadowing`` when it reports the target in its
+  shadow slot (the health's shadow summary names it) or a committed shadow install of the
+  target, ``failed`` when the install of the target failed, and ``done`` if it reports the
+  target active (got it some other way). The shadow totals of the target are kept (the
+  newest report's; a report without them keeps the last known).
 
 Metrics under the target feed the gates; metrics under the previous bundle, reported
 before the device was switched, are its baseline.
@@ -20,8 +25,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fleet_server.rollout.events import DeviceReport, InstallOutcome
-from fleet_server.rollout.state import UNASSIGNED, UNSETTLED, BundleRef, DeviceState
+from fleet_server.rollout.events import DeviceReport, InstallOutcome, ShadowReport
+from fleet_server.rollout.state import SHADOW, UNASSIGNED, UNSETTLED, BundleRef, DeviceState
 from fleet_server.rollout.state import DeviceStatus as S
 
 
@@ -32,10 +37,25 @@ def reported_active(report: DeviceReport) -> BundleRef | None:
     return BundleRef(report.active_bundle, report.active_release)
 
 
+def shadow_is_target(shadow: ShadowReport | None, target: BundleRef, version: str | None) -> bool:
+    """Whether ``shadow`` names the target: same bundle and release, or, when it gives no
+    release, the target's ``version``."""
+    if shadow is None or shadow.bundle != target.name:
+        return False
+    if shadow.release is not None:
+        return shadow.release == target.release
+    return version is not None and shadow.version == version
+
+
 def apply_report(
-    device: DeviceState, report: DeviceReport, target: BundleRef, now: float
+    device: DeviceState,
+    report: DeviceReport,
+    target: BundleRef,
+    now: float,
+    version: str | None = None,
 ) -> DeviceState:
-    """``device`` after ``report`` (at ``now``) in a rollout of ``target``."""
+    """``device`` after ``report`` (at ``now``) in a rollout of ``target`` (whose version
+    is ``version``; it matches a shadow summary that names no release)."""
     active = reported_active(report) or device.active
     about = (
         report.install is not None
@@ -45,6 +65,10 @@ def apply_report(
     outcome = report.install if about else None
     failed = about and (outcome is InstallOutcome.FAILED or report.auto_rollback)
     on_target = active == target and outcome not in (InstallOutcome.RUNNING, InstallOutcome.FAILED)
+    shadow = report.shadow if shadow_is_target(report.shadow, target, version) else None
+    shadow_up = shadow is not None or (
+        about and report.install_shadow and outcome is InstallOutcome.COMMITTED
+    )
     new: dict[str, Any] = {
         "online": report.online,
         "active": active,
@@ -79,6 +103,13 @@ def apply_report(
                 "auto_rollback": False,
                 "settled_at": now,
             }
+    elif status in SHADOW:
+        if failed:
+            new |= {"status": S.FAILED, "install_failed": True, "settled_at": now}
+        elif on_target:
+            new |= {"status": S.DONE, "settled_at": now}
+        elif shadow_up and status is S.SHADOW_ASSIGNED:
+            new["status"] = S.SHADOWING
     elif status is S.REVERTING and active == device.previous and active != target:
         new |= {"status": S.ROLLED_BACK, "settled_at": now}
 
@@ -99,4 +130,8 @@ def apply_report(
             new["base_p99_ms"] = report.p99_ms
         if report.outcome_counts:
             new["base_outcomes"] = dict(report.outcome_counts)
+    if shadow is not None:
+        new |= {"shadow_n": shadow.n, "shadow_agree": min(shadow.agree, shadow.n)}
+        if shadow.p99_ms is not None:
+            new["shadow_p99_ms"] = shadow.p99_ms
     return replace(device, **new)

@@ -8,12 +8,17 @@ saved before its commands are carried out, so two fleet-server processes never b
 what one step decided: the one whose save is refused reloads and steps again (once).
 
 Commands: :class:`AssignDirective` becomes a signed directive published retained on the
-device's directive topic, with a message expiry equal to the directive's validity;
+device's directive topic, with a message expiry equal to the directive's validity (its
+``mode`` goes into the directive: ``shadow`` puts the target in the shadow slot);
 :class:`RevertDirective` a directive for the device's previous release (the agent takes a
 directive naming its previous slot's release as a rollback), or, when it ran nothing
 before, an empty retained payload that clears the directive; :class:`Notify` a log line
 and an event of kind ``rollout`` whose ``device_id`` is the rollout id. A command that
 fails is logged and counted; the rollout's timeouts then pause it.
+
+A rollout with an accuracy gate also gets a :class:`LabelReport` on each tick where the
+review labels changed (:func:`fleet_server.rollout.collect.label_counts`; the versions the
+devices ran before are looked up in the repository by release).
 """
 
 from __future__ import annotations
@@ -38,13 +43,15 @@ from fleet_server.db.store import EventRecord, RolloutDevice, RolloutRecord
 from fleet_server.errors import DirectiveError
 from fleet_server.repository import KeyStore, Repository, issue_directive
 from fleet_server.repository.director import DEFAULT_EXPIRY
-from fleet_server.rollout.collect import collect, health_facts
+from fleet_server.rollout.collect import collect, health_facts, label_counts
 from fleet_server.rollout.errors import RolloutError
 from fleet_server.rollout.events import (
+    MODE_ACTIVE,
     Approve,
     AssignDirective,
     Cancel,
     Command,
+    LabelReport,
     Notify,
     Operator,
     Pause,
@@ -245,6 +252,10 @@ class RolloutService:
             for report in collect(self.engine, rollout, now):
                 new, more = step(new, report)
                 commands += more
+            labels = self._labels(rollout)
+            if labels is not None:
+                new, more = step(new, labels)
+                commands += more
             new, more = step(new, Tick(now))
             commands += more
             if not commands and replace(new, clock=rollout.clock) == rollout:
@@ -260,6 +271,21 @@ class RolloutService:
             self._execute(saved, commands, now)
             return 1
         return 0  # pragma: no cover
+
+    def _labels(self, rollout: Rollout) -> LabelReport | None:
+        """The review labels, when the rollout has an accuracy gate and they changed."""
+        gates = rollout.spec.policy.gates
+        if gates.min_accuracy is None and gates.accuracy_drop is None:
+            return None
+        name = rollout.target.name
+        releases = {
+            d.previous.release
+            for d in rollout.devices.values()
+            if d.previous is not None and d.previous.name == name
+        }
+        versions = {b.version for b in self.repo.bundles(name) if b.release in releases}
+        counts = label_counts(self.engine, rollout, versions)
+        return None if counts == rollout.labels else LabelReport(self.clock(), counts)
 
     # -- storage and commands ---------------------------------------------------------
 
@@ -305,7 +331,7 @@ class RolloutService:
                     )  # fmt: skip
                     notes.append(_note(record, i, now, command))
                 elif isinstance(command, AssignDirective):
-                    self._direct(command.device_id, command.bundle, command.release)
+                    self._direct(command.device_id, command.bundle, command.release, command.mode)
                 elif isinstance(command, RevertDirective) and (
                     command.bundle is None or command.release is None
                 ):
@@ -320,20 +346,21 @@ class RolloutService:
         if notes:
             store.insert_events(self.engine, notes)
 
-    def _direct(self, device_id: str, bundle: str, release: int) -> None:
+    def _direct(self, device_id: str, bundle: str, release: int, mode: str = MODE_ACTIVE) -> None:
         device = store.get_device(self.engine, device_id)
         if device is None:
             raise DirectiveError(device_id, "not registered")
         payload = issue_directive(
             self.repo, self.keystore, device_id, device.profile, bundle, release,
-            expires_in=self.directive_expiry,
+            expires_in=self.directive_expiry, mode=mode,
         )  # fmt: skip
         expiry = int(self.directive_expiry.total_seconds())
         self.publish(topics.directive(device_id), payload, True, expiry)
         self.stats.directives += 1
         log.info(
-            "directive: %s %s release %d (expires in %d s)", device_id, bundle, release, expiry
-        )
+            "directive: %s %s release %d %s (expires in %d s)",
+            device_id, bundle, release, mode, expiry,
+        )  # fmt: skip
 
 
 def _operator(action: str, now: float, reason: str, by: str) -> Operator:

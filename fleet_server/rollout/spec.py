@@ -196,6 +196,46 @@ class GatePolicy(Section):
         description="Decisions needed on each side before the outcome shift is judged; "
         "below it the check is skipped (and reported as skipped).",
     )
+    min_accuracy: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Lowest accepted Wilson lower bound of the new version's labelled accuracy "
+        "(confirmed / reviewed review labels on the rollout's lines), judged once min_labels "
+        "labels exist; a wave cannot pass before it is shown; null: off.",
+    )
+    min_labels: int = Field(
+        100,
+        ge=1,
+        description="Review labels of the new version needed before min_accuracy is judged, "
+        "and on each side before accuracy_drop is.",
+    )
+    accuracy_drop: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Highest accepted drop of labelled accuracy (previous version minus new, "
+        "on the same lines) when the drop is significant at accuracy_alpha; null: off.",
+    )
+    accuracy_alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Significance level of the accuracy drop test (one-sided two-proportion "
+        "z-test).",
+    )
+    accuracy_confidence: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="Confidence of the Wilson interval of the labelled accuracy.",
+    )
+    shadow_confidence: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="Confidence of the Wilson interval of the shadow phase's agreement.",
+    )
 
 
 class Timeouts(Section):
@@ -275,6 +315,26 @@ class RolloutSpec(Section):
         description="How long a wave is watched after its last device settled ('10m')."
     )
     policy: RolloutPolicy = Field(default_factory=RolloutPolicy, description="Policy.")
+    shadow_s: int = Field(
+        0,
+        ge=0,
+        description="How long each wave may run the candidate in the devices' shadow slot "
+        "before it switches ('2h'); the wave fails when agreement is not shown by then. "
+        "0: no shadow phase.",
+    )
+    shadow_min: int = Field(
+        500,
+        ge=1,
+        description="Sampled frames, pooled over the wave's devices, before the shadow "
+        "agreement is judged.",
+    )
+    min_agreement: float = Field(
+        0.97,
+        ge=0,
+        le=1,
+        description="Lowest accepted Wilson lower bound of the shadow's agreement with the "
+        "live model (same outcome), pooled over the wave's devices.",
+    )
 
     @field_validator("bundle")
     @classmethod
@@ -305,13 +365,13 @@ class RolloutSpec(Section):
             return parse_waves(value if isinstance(value, str) else [str(v) for v in value])
         return value
 
-    @field_validator("soak_s", mode="before")
+    @field_validator("soak_s", "shadow_s", mode="before")
     @classmethod
     def _soak(cls, value: Any) -> Any:
         if isinstance(value, str | int | float):
             seconds = parse_duration(value)
             if seconds > MAX_SOAK_S:
-                raise ValueError(f"soak {value!r} is longer than {MAX_SOAK_S // 86_400} days")
+                raise ValueError(f"{value!r} is longer than {MAX_SOAK_S // 86_400} days")
             return seconds
         return value
 

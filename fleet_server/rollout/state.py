@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fleet_server.rollout.gates import Metrics
+from fleet_server.rollout.gates import LabelCounts, Metrics
 from fleet_server.rollout.spec import RolloutSpec
 
 HISTORY = 200
@@ -22,6 +22,7 @@ class Phase(str, Enum):
 
     PLANNED = "planned"
     ASSIGNING = "assigning"
+    SHADOW = "shadow"
     SOAKING = "soaking"
     AWAITING_APPROVAL = "awaiting_approval"
     FINISHING = "finishing"
@@ -35,7 +36,9 @@ class Phase(str, Enum):
 
 TERMINAL = frozenset({Phase.COMPLETED, Phase.COMPLETED_PARTIAL, Phase.CANCELLED, Phase.ROLLED_BACK})
 """No timeout, no assignment; only Rollback (from all but rolled_back) leaves them."""
-ACTIVE = frozenset({Phase.ASSIGNING, Phase.SOAKING, Phase.AWAITING_APPROVAL, Phase.FINISHING})
+ACTIVE = frozenset(
+    {Phase.ASSIGNING, Phase.SHADOW, Phase.SOAKING, Phase.AWAITING_APPROVAL, Phase.FINISHING}
+)
 """Phases of a running wave: devices are assigned and the gates are watched."""
 
 
@@ -46,6 +49,11 @@ class DeviceStatus(str, Enum):
     """Not assigned yet (its wave has not come, or a shift holds it)."""
     OFFLINE = "offline"
     """Not assigned yet and offline: assigned when it is back (never counted as failed)."""
+    SHADOW_ASSIGNED = "shadow-assigned"
+    """Sent the shadow directive; the target not seen running in its shadow slot yet."""
+    SHADOWING = "shadowing"
+    """Runs the target in its shadow slot (beside its bundle, never acting); waits for
+    the wave's shadow verdict, then gets the switch directive (``assigned``)."""
     ASSIGNED = "assigned"
     """Sent the directive; no install reported yet."""
     INSTALLING = "installing"
@@ -62,6 +70,9 @@ class DeviceStatus(str, Enum):
 
 UNASSIGNED = frozenset({DeviceStatus.PENDING, DeviceStatus.OFFLINE})
 UNSETTLED = frozenset({DeviceStatus.ASSIGNED, DeviceStatus.INSTALLING})
+SHADOW = frozenset({DeviceStatus.SHADOW_ASSIGNED, DeviceStatus.SHADOWING})
+"""Assigned to the wave's shadow phase: the target runs (or is being put) beside, never
+switched to; these devices feed the shadow gate, not the health gates."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,12 @@ class DeviceState:
     """Accepted by an operator's resume after it failed a gate: it no longer feeds them."""
     reports: int = 0
     last_report_at: float | None = None
+    shadow_n: int = 0
+    """Sampled frames the target decided in the shadow slot (the device's running total)."""
+    shadow_agree: int = 0
+    """Of those, how many got the live model's outcome."""
+    shadow_p99_ms: float | None = None
+    """The target's p99 latency in the shadow slot."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,11 @@ class Wave:
     started_at: float | None = None
     passed_at: float | None = None
     metrics: Metrics = field(default_factory=dict)
+    shadow_passed_at: float | None = None
+    """When the wave's shadow phase passed (None: not yet, or the rollout has none); a
+    device the wave assigns after it gets the switch directive at once."""
+    shadow: Metrics = field(default_factory=dict)
+    """The wave's last shadow gate metrics (shown with the gate's for the whole wave)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +172,8 @@ class Rollout:
     failed_devices: tuple[str, ...] = ()
     ignored_reports: int = 0
     history: tuple[Transition, ...] = ()
+    labels: LabelCounts | None = None
+    """The review labels the accuracy gates judge (None: none read yet)."""
 
     def count(self, *statuses: DeviceStatus) -> int:
         """How many devices are in any of ``statuses``."""
