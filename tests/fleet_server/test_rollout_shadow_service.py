@@ -1,0 +1,138 @@
+"""The rollout service's shadow phase over the real fleet database (SQLite), a real signed
+repository and the ingest sink: the stored health's shadow summaries (and a committed
+shadow install event) move the wave from shadow directives (``custom.mode: shadow``) to
+switch directives (no mode), or stop it with a revert and no switch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from tuf.api.metadata import Metadata, Targets
+
+from agent.wire import topics
+from agent.wire.messages import Health, install_state_event
+from agent.wire.quality import ShadowSummary
+from fleet_server.repository import KeyStore, Repository, manifest_target
+from tests.fleet_server.test_rollout_service import VERSIONS, Setup, db, fleet  # noqa: F401
+
+SPEC = {
+    "bundle": "cls@2.0.0",
+    "selector": "line=3",
+    "waves": "1,100%",
+    "soak_s": 0,
+    "shadow_s": "1h",
+    "shadow_min": 100,
+    "min_agreement": 0.9,
+}
+
+
+def _directive(payload: bytes) -> tuple[int, dict[str, Any]]:
+    """(release, custom) of a published directive."""
+    signed = Metadata[Targets].from_bytes(payload).signed
+    (path,) = signed.targets
+    release = next(r for r in VERSIONS if path == manifest_target("cls", r))
+    return release, signed.unrecognized_fields["custom"]
+
+
+def _published(s: Setup, since: int) -> list[tuple[str, int, str]]:
+    """(device, release, mode) of the directives published after ``since``."""
+    out = []
+    for topic, payload, _, _ in s.sent[since:]:
+        release, custom = _directive(payload)
+        out.append((topics.device_of(topic), release, custom.get("mode", "active")))
+    return out
+
+
+def _shadow_health(s: Setup, device_id: str, n: int, agree: int, p99: float = 10.0) -> None:
+    summary = ShadowSummary(
+        bundle="cls", version="2.0.0", release=2, n=n, agree=agree,
+        agreement=agree / n if n else None, shadow_p50_ms=p99 / 2, shadow_p99_ms=p99,
+    )  # fmt: skip
+    ts = s.clock.advance(0.01)
+    s.sink.store_health([Health(device_id=device_id, seq=0, ts=ts, shadow=summary)])
+
+
+def _shadow_install(s: Setup, device_id: str, outcome: str = "committed") -> None:
+    at = s.clock.advance(0.01)
+    report = {"at": at, "source": "mqtt", "outcome": outcome, "step": "commit", "reason": "",
+              "bundle": "cls", "release": 2, "version": "2.0.0", "mode": "shadow"}  # fmt: skip
+    s.sink.store_events([install_state_event(device_id, report)])
+
+
+def test_stored_shadow_summaries_move_each_wave_from_shadow_to_switch_directives(
+    db: Engine,  # noqa: F811
+    fleet: tuple[KeyStore, Repository],  # noqa: F811
+) -> None:
+    s = Setup(db, fleet)
+    devices = ["gw-1", "gw-2", "gw-3"]
+    for d in devices:
+        s.device(d)
+    rid = s.service.create(SPEC)
+
+    (canary,) = s.tick()
+    assert _published(s, 0) == [(canary, 2, "shadow")]
+    assert s.status(rid)[canary] == "shadow-assigned"
+    assert s.tick() == []  # nothing reported: nothing new
+
+    _shadow_install(s, canary)  # the install event alone shows the shadow running
+    assert s.tick() == []
+    view = s.service.get(rid)
+    assert view["phase"] == "shadow"
+    assert s.status(rid)[canary] == "shadowing"
+
+    _shadow_health(s, canary, 60, 60)
+    assert s.tick() == []  # 60 of 100 frames
+    assert s.service.get(rid)["gate"]["shadow_n"] == 60
+    _shadow_health(s, canary, 150, 149)
+    before = len(s.sent)
+    assert s.tick() == [canary]
+    assert _published(s, before) == [(canary, 2, "active")]
+    view = s.service.get(rid)
+    assert view["phase"] == "assigning"
+    assert "shadow passed" in view["reason"]
+    assert view["gate"]["shadow_agree"] == 149
+
+    s.install(canary, 2)
+    before = len(s.sent)
+    rest = s.tick()
+    assert sorted(rest) == sorted(set(devices) - {canary})
+    assert {m for _, _, m in _published(s, before)} == {"shadow"}
+    for d in rest:  # the health summary alone shows these running it
+        _shadow_health(s, d, 80, 79)
+    before = len(s.sent)
+    assert sorted(s.tick()) == sorted(rest)
+    assert sorted(_published(s, before)) == sorted((d, 2, "active") for d in rest)
+    for d in rest:
+        s.install(d, 2)
+    s.tick()
+    view = s.service.get(rid)
+    assert view["phase"] == "completed", view["reason"]
+    assert view["wave_metrics"][1]["shadow_n"] == 160
+
+
+def test_a_disagreeing_candidate_is_stopped_with_its_shadows_cleared_and_nothing_switched(
+    db: Engine,  # noqa: F811
+    fleet: tuple[KeyStore, Repository],  # noqa: F811
+) -> None:
+    s = Setup(db, fleet)
+    for d in ("gw-1", "gw-2"):
+        s.device(d)
+    rid = s.service.create({**SPEC, "waves": "100%"})
+    first = s.tick()
+    assert sorted(first) == ["gw-1", "gw-2"]
+    for d in first:
+        _shadow_health(s, d, 100, 70)
+    before = len(s.sent)
+    reverted = s.tick()
+    assert sorted(reverted) == ["gw-1", "gw-2"]
+    # the revert names what they run (release 1): the agent empties its shadow slot
+    assert sorted(_published(s, before)) == [("gw-1", 1, "active"), ("gw-2", 1, "active")]
+    view = s.service.get(rid)
+    assert view["phase"] in ("rolling_back", "rolled_back")
+    assert "agreement 0.7000" in view["reason"]
+    assert "n=200" in view["reason"]
+    assert "upper bound" in view["reason"]
+    assert all(release == 1 or mode == "shadow" for _, release, mode in _published(s, 0))
+    s.tick()
+    assert s.service.get(rid)["phase"] == "rolled_back"
