@@ -162,6 +162,13 @@ class RolloutCreateIn(BaseModel):
     )
     waves: str | list[str | int] = Field(description="Cumulative waves, e.g. '1,10%,50%,100%'.")
     soak_s: str | int = Field(description="Soak per wave: seconds or a duration like '10m'.")
+    shadow_s: str | int | None = Field(
+        None, description="Shadow phase per wave: seconds or a duration like '2h' (0: none)."
+    )
+    shadow_min: int | None = Field(None, description="Sampled frames before judging (500).")
+    min_agreement: float | None = Field(
+        None, description="Wilson lower bound of the shadow agreement needed (0.97)."
+    )
     policy: dict[str, Any] | None = Field(
         None, description="Gates, approval, rollback, shifts, timeouts (docs/rollouts.md)."
     )

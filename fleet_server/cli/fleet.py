@@ -251,6 +251,14 @@ def cmd_rollouts_create(args: argparse.Namespace) -> int:
             raise ApiError(0, f"--policy {args.policy}: {exc}") from None
     if args.approval:
         policy["approval_between_waves"] = True
+    shadow = {"shadow_s": args.shadow, "shadow_min": args.shadow_min,
+              "min_agreement": args.min_agreement}  # fmt: skip
+    spec |= {k: v for k, v in shadow.items() if v is not None}
+    accuracy = {"min_accuracy": args.min_accuracy, "min_labels": args.min_labels,
+                "accuracy_drop": args.accuracy_drop}  # fmt: skip
+    gates = {k: v for k, v in accuracy.items() if v is not None}
+    if gates:
+        policy["gates"] = {**policy.get("gates", {}), **gates}
     if policy:
         spec["policy"] = policy
     r = client(args).call("POST", "/rollouts", spec)
@@ -273,6 +281,19 @@ def _rollout_lines(r: dict[str, Any]) -> list[str]:
         f"devices   {_done(r)} done; "
         + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"),
     ]
+    gate = r.get("gate") or {}
+    if "shadow_n" in gate:
+        lines.append(
+            f"shadow    agreement {gate.get('shadow_agreement')} (Wilson "
+            f"{gate.get('shadow_lower')}..{gate.get('shadow_upper')}, n={gate['shadow_n']}), "
+            f"p99 {gate.get('shadow_p99_ms')} ms"
+        )
+    if "accuracy_status" in gate:
+        lines.append(
+            f"accuracy  {gate.get('accuracy', '-')} (Wilson {gate.get('accuracy_lower', '-')}.."
+            f"{gate.get('accuracy_upper', '-')}, {gate.get('accuracy_labels', 0)} labels): "
+            f"{gate['accuracy_status']}"
+        )
     devices = r.get("devices") or []
     if devices:
         lines.append(f"  {'DEVICE':<24} {'WAVE':<5} STATUS")
@@ -377,6 +398,8 @@ def add_fleet_commands(commands: Any) -> None:
         "staged rollouts: create, status, pause, resume, approve, cancel, rollback",
         "examples:\n  fleetctl rollouts create --bundle detector@1.4.0 "
         "--select 'line=3,profile=jetson-orin' --waves 1,10%,50%,100% --soak 10m\n"
+        "  fleetctl rollouts create --bundle detector@1.4.0 --select line=3 --shadow 2h "
+        "--shadow-min 500 --min-agreement 0.97 --min-accuracy 0.9 --min-labels 100\n"
         "  fleetctl rollouts status\n  fleetctl rollouts pause ID --reason 'line stop'",
     )
     create = rollouts.add_parser("create", parents=[common], help="start a rollout")
@@ -386,6 +409,14 @@ def add_fleet_commands(commands: Any) -> None:
     create.add_argument("--soak", default="10m", help="watch each wave this long (default 10m)")
     create.add_argument("--approval", action="store_true", help="wait for approve between waves")
     create.add_argument("--policy", metavar="FILE", help="JSON rollout policy (docs/rollouts.md)")
+    create.add_argument(
+        "--shadow", metavar="DURATION", help="run each wave as shadow first, at most this long"
+    )
+    create.add_argument("--shadow-min", type=int, help="sampled frames before judging (500)")
+    create.add_argument("--min-agreement", type=float, help="Wilson lower bound needed (0.97)")
+    create.add_argument("--min-accuracy", type=float, help="labelled accuracy lower bound")
+    create.add_argument("--min-labels", type=int, help="review labels before judging (100)")
+    create.add_argument("--accuracy-drop", type=float, help="max significant accuracy drop")
     create.set_defaults(func=cmd_rollouts_create)
     status = rollouts.add_parser("status", parents=[common], help="all rollouts, or one")
     status.add_argument("rollout", nargs="?", help="rollout id")

@@ -28,6 +28,9 @@ def view(record: RolloutRecord, r: Rollout, *, full: bool) -> dict[str, Any]:
         "wave_steps": list(r.spec.waves),
         "wave_targets": [w.target for w in r.waves],
         "soak_s": r.spec.soak_s,
+        "shadow_s": r.spec.shadow_s,
+        "shadow_min": r.spec.shadow_min,
+        "min_agreement": r.spec.min_agreement,
         "phase": r.phase.value,
         "wave": r.wave + 1,
         "reason": r.reason,
@@ -51,6 +54,9 @@ def view(record: RolloutRecord, r: Rollout, *, full: bool) -> dict[str, Any]:
                 "previous": _ref(d.previous),
                 "p99_ms": d.p99_ms,
                 "worker_crashes": d.worker_crashes,
+                "shadow_n": d.shadow_n,
+                "shadow_agree": d.shadow_agree,
+                "shadow_p99_ms": d.shadow_p99_ms,
             }
             for d in (r.devices[i] for i in r.order)
         ]
