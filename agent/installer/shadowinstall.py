@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.installer import shadowslot, slots
+from agent.installer.checks import BenchResult
 from agent.installer.errors import InstallError
 from agent.installer.machine import BundleId, Plan, PlanKind, Step
 from agent.installer.result import InstallResult, Report
@@ -22,8 +24,20 @@ from agent.installer.shadow import SHADOW_SLOT, shadow_dir
 from agent.kernel.bundle import Bundle
 from agent.kernel.errors import BundleError
 
-if TYPE_CHECKING:
-    from agent.installer.installer import Installer
+
+class Installer(Protocol):
+    """What a shadow install needs of :class:`agent.installer.installer.Installer` (a
+    protocol, so that this module does not import the installer that calls it)."""
+
+    state_dir: Path
+    profile_name: str
+    on_report: Callable[[Report], None] | None
+    report_errors: int
+
+    def checkpoint(self, point: str) -> None: ...
+    def committed(self, name: str) -> BundleId | None: ...
+    def measure_staged(self, staged: Bundle) -> BenchResult: ...
+
 
 log = logging.getLogger(__name__)
 
