@@ -37,7 +37,6 @@ from agent.pipelines import Pipelines
 from agent.planning import Problem, Resolver
 from agent.sensors import SensorSource
 from agent.sink import DecisionSink
-from agent.status import agent_health
 from agent.uplink.service import Uplink
 from agent.upstream import Upstream
 from runtime import WorkerPool
@@ -218,5 +217,6 @@ class Agent:
         return self.hotpath.stats()
 
     def fleet_health(self) -> dict[str, Any]:
-        """The agent's part of the fleet's ``Health`` report."""
-        return agent_health(self.cameras, self.pool, self.outcome_counts)
+        """The agent's part of the fleet's ``Health`` report (the hot path's, shadow
+        comparison included)."""
+        return self.hotpath.fleet_health()
