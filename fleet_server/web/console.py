@@ -12,6 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.engine import Engine
 
 from fleet_server.web.pages import PREFIX, Console, PageError, Pages
+from fleet_server.web.routes_drift import drift_router
 from fleet_server.web.routes_fleet import fleet_router
 from fleet_server.web.routes_login import login_router
 from fleet_server.web.routes_review import review_router
@@ -69,6 +70,7 @@ def install_console(app: FastAPI, ctx: ServerContext) -> None:
         login_router(console),
         fleet_router(console),
         rollouts_router(console),
+        drift_router(console),
         review_router(console, ctx.engine),
     ):
         app.include_router(router)

@@ -20,6 +20,7 @@ from fleet_server.web.bundles import Release
 from fleet_server.web.charts import PALETTE, Stack, line_chart, stacked_bars
 from fleet_server.web.health import LEVELS, Glance, glance
 from fleet_server.web.pages import PREFIX, Console, PageError, signed_in
+from fleet_server.web.routes_drift import drifted_lines
 from fleet_server.web.series import health_charts
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
@@ -134,6 +135,7 @@ def fleet_router(console: Console) -> APIRouter:
             "lines": sorted({ln for s, ln in pairs if not site or s == site}),
             "f": {"site": site, "line": line, "state": state, "q": q},
             "states": STATES,
+            "drift": drifted_lines(engine),
         }
         return console.render(request, "overview.html", values, user=user)
 
@@ -186,6 +188,7 @@ def fleet_router(console: Console) -> APIRouter:
             "capped": capped,
             "span": span,
             "spans": list(RANGES),
+            "drift": drifted_lines(engine).get(device.labels.get("line", ""), []),
         }
         return console.render(request, "device.html", values, user=user)
 
