@@ -33,7 +33,6 @@ from agent.decisionlog.writer import (
     report_eviction,
 )
 from agent.drift.config import DriftConfig
-from agent.drift.recorder import DriftRecorder, DriftStats
 from agent.errors import DecisionLogError
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,8 @@ class DecisionLog:
         self.config = config
         self.drift = drift or DriftConfig()
         self._rng = rng or random.Random()  # noqa: S311 - a sample, not a secret
+        from agent.drift.recorder import DriftStats  # noqa: PLC0415 - a cycle at import
+
         self._drift_stats = DriftStats()
         self._frames_pending = 0
         self._frame_bound = int(self.drift.frame_queue_mb * _MIB)
@@ -140,6 +141,8 @@ class DecisionLog:
             raise DecisionLogError(f"can't set up decision log {path}: {e}") from e
         self._stats.add_retention(result)
         report_eviction(result, retention.budget_bytes, self._alarm)
+        from agent.drift.recorder import DriftRecorder  # noqa: PLC0415 - a cycle at import
+
         writer = Writer(
             conn,
             self._queue,

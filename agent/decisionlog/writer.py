@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.decisionlog import thumbnails as thumbs
 from agent.decisionlog.config import DecisionLogConfig
@@ -30,7 +30,9 @@ from agent.decisionlog.handoff import Handoff
 from agent.decisionlog.record import DecisionRecord
 from agent.decisionlog.retention import Retention, RetentionResult
 from agent.decisionlog.schema import INSERT_SQL, TABLE
-from agent.drift.recorder import DriftRecorder
+
+if TYPE_CHECKING:  # agent.drift imports the decision log's modules
+    from agent.drift.recorder import DriftRecorder
 
 log = logging.getLogger(__name__)
 

@@ -3,6 +3,8 @@ no database)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -187,3 +189,11 @@ def test_outputs_that_are_not_numbers_are_left_out_not_counted_wrong() -> None:
     assert row.n == 3
     assert row.top_class == {"ok": 1}
     assert "score" not in row.hist
+
+
+@pytest.mark.parametrize("module", ["agent.drift", "agent.drift.store", "agent.uplink.quality"])
+def test_the_drift_modules_import_first_without_a_cycle(module: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr

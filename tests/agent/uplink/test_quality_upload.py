@@ -240,7 +240,8 @@ def test_shadow_comparisons_are_uploaded_and_marked(
     now = time.time()
     ids = [f"0190d3a8-0000-7000-8000-{i:012x}" for i in range(30)]
     for i, decision_id in enumerate(ids):
-        assert store.write(_shadow_row(decision_id, now - 30 + i, agree=i % 3 != 0))
+        store.write(_shadow_row(decision_id, now - 30 + i, agree=i % 3 != 0))
+    assert store.flush() == 30
     store.close()
     config = CONFIG.model_copy(update={"quality_batch": 12})  # three batches
     uplink = Uplink("dev-sh", identity, config, state=dict, health=dict, decision_log=dlog)
