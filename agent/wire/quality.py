@@ -91,7 +91,11 @@ class ShadowSide(WireModel):
     model_version: str = Field(description="Version.")
     release: int | None = Field(None, ge=0, description="Release, when known.")
     outcome: str = Field(description="Outcome under the live pipeline's policy.")
-    latency_ms: Finite = Field(ge=0, description="Inference latency (queue + infer), ms.")
+    latency_ms: Finite = Field(
+        ge=0,
+        description="Worker time, dispatch to completion (preprocess + inference), ms; the "
+        "queue wait is left out: a background request waits for live ones by design.",
+    )
     outputs: dict[str, object] = Field(
         default_factory=dict, description="Post-processed outputs (label/score or detections)."
     )
