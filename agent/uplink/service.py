@@ -533,6 +533,7 @@ class Uplink:
     def stats(self) -> dict[str, Any]:
         """Counters: connected, connects, disconnects, sent_<kind>, acked and refused per
         kind, decisions_uploaded, decision_failures, decision_timeouts, decisions_invalid,
+        shadow_queued/uploaded, drift_queued/uploaded, quality_batches, quality_invalid,
         skipped_offline, ...; ``session``: the fleet session's state (its network thread,
         restarts, callback errors, subscriptions)."""
         acks = self._pub.acks
