@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from fleet_server.rollout import GatePolicy
+from fleet_server.rollout import GatePolicy, RolloutSpec
 
 Verdict = Literal["within", "over", "skipped", "off", "no data"]
 MetricValue = float | int | str | None
@@ -52,11 +52,63 @@ def _at_most(check: str, value: MetricValue, limit: float | None, unit: str = ""
     return GateRow(check, f"{_show(number)}{unit}", f"≤ {_show(limit)}{unit}", verdict)
 
 
+def _at_least(check: str, value: MetricValue, limit: float, note: str) -> GateRow:
+    number = _num(value)
+    if number is None:
+        return GateRow(check, "—", f"≥ {_show(limit)}", "no data", note)
+    verdict: Verdict = "within" if number >= limit else "over"
+    return GateRow(check, _show(number), f"≥ {_show(limit)}", verdict, note)
+
+
+def quality_rows(
+    metrics: Mapping[str, MetricValue], policy: GatePolicy, spec: RolloutSpec | None
+) -> list[GateRow]:
+    """The shadow agreement (when the rollout has a shadow phase and it was judged) and
+    the accuracy checks (when the policy sets them). A bound short of its threshold
+    reads ``over`` (out of bounds) until it is shown; the note says n and the interval."""
+    rows: list[GateRow] = []
+    if spec is not None and spec.shadow_s and "shadow_n" in metrics:
+        n = metrics.get("shadow_n")
+        note = (
+            f"agreement {metrics.get('shadow_agreement')} over n={n} (need {spec.shadow_min}), "
+            f"Wilson {metrics.get('shadow_lower')}..{metrics.get('shadow_upper')}"
+        )
+        rows.append(
+            _at_least("Shadow agreement (lower bound)", metrics.get("shadow_lower"),
+                      spec.min_agreement, note)
+        )  # fmt: skip
+        limit = _num(metrics.get("shadow_p99_limit_ms"))
+        rows.append(_at_most("Shadow p99", metrics.get("shadow_p99_ms"), limit, " ms"))
+    status = metrics.get("accuracy_status")
+    note = f"{metrics.get('accuracy_labels', 0)} labels (need {policy.min_labels}): {status}"
+    if policy.min_accuracy is not None:
+        row = _at_least(
+            "Labelled accuracy (lower bound)", metrics.get("accuracy_lower"),
+            policy.min_accuracy, note,
+        )  # fmt: skip
+        if isinstance(status, str) and status.startswith("waiting"):
+            row = GateRow(row.check, row.value, row.threshold, "no data", note)
+        rows.append(row)
+    if policy.accuracy_drop is not None:
+        p = metrics.get("accuracy_p_value")
+        row = _at_most("Accuracy drop vs previous", metrics.get("accuracy_drop"),
+                       policy.accuracy_drop)  # fmt: skip
+        drop_note = f"p = {p} (significant below {_show(policy.accuracy_alpha)}); {note}"
+        if row.verdict == "over" and (_num(p) or 1.0) >= policy.accuracy_alpha:
+            row = GateRow(row.check, row.value, row.threshold, "within", drop_note)
+        rows.append(GateRow(row.check, row.value, row.threshold, row.verdict, drop_note))
+    return rows
+
+
 def gate_rows(
-    metrics: Mapping[str, MetricValue], policy: GatePolicy, budget_ms: float | None
+    metrics: Mapping[str, MetricValue],
+    policy: GatePolicy,
+    budget_ms: float | None,
+    spec: RolloutSpec | None = None,
 ) -> list[GateRow]:
     """The rows of a gate evaluation's ``metrics`` under ``policy`` (see the module
-    docstring); ``budget_ms`` is the bundle's latency budget (None: it has none)."""
+    docstring); ``budget_ms`` is the bundle's latency budget (None: it has none);
+    ``spec`` adds the shadow phase's rows."""
     allowed = _num(metrics.get("install_failures_allowed"))
     rows = [
         _at_most(
@@ -99,4 +151,4 @@ def gate_rows(
     else:
         row = _at_most("Outcome shift (TVD)", tvd, policy.max_outcome_tvd)
         rows.append(GateRow(row.check, row.value, row.threshold, row.verdict, note))
-    return rows
+    return rows + quality_rows(metrics, policy, spec)

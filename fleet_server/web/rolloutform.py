@@ -53,6 +53,12 @@ class RolloutForm:
     max_install_failures: str = "0"
     max_p99_ratio: str = "1.25"
     max_outcome_tvd: str = "0.1"
+    shadow: str = ""
+    shadow_min: str = "500"
+    min_agreement: str = "0.97"
+    min_accuracy: str = ""
+    min_labels: str = "100"
+    accuracy_drop: str = ""
 
     @classmethod
     def from_fields(cls, data: Mapping[str, str]) -> RolloutForm:
@@ -92,25 +98,31 @@ class RolloutForm:
         Raises:
             RolloutError: a gate field that is not a number.
         """
-        gates: dict[str, Any] = {}
-        for key, text, kind in (
-            ("max_install_failures", self.max_install_failures, int),
-            ("max_p99_ratio", self.max_p99_ratio, float),
-            ("max_outcome_tvd", self.max_outcome_tvd, float),
-        ):
-            if not text and key != "max_install_failures":
-                gates[key] = None  # blank turns the check off
-                continue
-            try:
-                gates[key] = kind(text or "0")
-            except ValueError:
-                what = "a whole number" if kind is int else "a number, or blank for off"
-                raise RolloutError(f"policy.gates.{key}", f"{text!r} is not {what}") from None
+        gates = _numbers(
+            "policy.gates.",
+            (
+                ("max_install_failures", self.max_install_failures, int),
+                ("max_p99_ratio", self.max_p99_ratio, float),
+                ("max_outcome_tvd", self.max_outcome_tvd, float),
+                ("min_accuracy", self.min_accuracy, float),
+                ("min_labels", self.min_labels, int),
+                ("accuracy_drop", self.accuracy_drop, float),
+            ),
+        )
+        shadow = _numbers(
+            "",
+            (
+                ("shadow_min", self.shadow_min, int),
+                ("min_agreement", self.min_agreement, float),
+            ),
+        )
         return {
             "bundle": self.bundle,
             "selector": self.selector or ALL,
             "waves": self.waves,
             "soak_s": self.soak,
+            "shadow_s": self.shadow or 0,
+            **{k: v for k, v in shadow.items() if v is not None},
             "policy": {
                 "approval_between_waves": bool(self.approval),
                 "rollback_done_waves_on_failure": bool(self.rollback_on_failure),
@@ -131,6 +143,33 @@ class RolloutForm:
         if "@" not in self.bundle:
             raise RolloutError("bundle", "choose a published bundle (NAME@VERSION)")
         return parse_spec(self.spec_data())
+
+
+_REQUIRED = frozenset({"max_install_failures", "min_labels", "shadow_min", "min_agreement"})
+"""Number fields a blank does not turn off (a blank one takes its default)."""
+
+
+def _numbers(prefix: str, items: Sequence[tuple[str, str, type]]) -> dict[str, Any]:
+    """The typed values of number fields; a blank optional one is None (check off), a
+    blank required one is left out (the spec's default).
+
+    Raises:
+        RolloutError: a field that is not a number, naming it.
+    """
+    out: dict[str, Any] = {}
+    for key, text, kind in items:
+        if not text:
+            if key not in _REQUIRED:
+                out[key] = None
+            elif key == "max_install_failures":
+                out[key] = 0
+            continue
+        try:
+            out[key] = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number, or blank for off"
+            raise RolloutError(f"{prefix}{key}", f"{text!r} is not {what}") from None
+    return out
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,13 @@ ACTIONS = ("approve", "pause", "resume", "cancel", "rollback")
 _EVENTS = {"approve": Approve, "pause": Pause, "resume": Resume, "cancel": Cancel,
            "rollback": Rollback}  # fmt: skip
 STATUS_ORDER = (
-    DeviceStatus.DONE, DeviceStatus.INSTALLING, DeviceStatus.ASSIGNED, DeviceStatus.FAILED,
+    DeviceStatus.DONE, DeviceStatus.INSTALLING, DeviceStatus.ASSIGNED, DeviceStatus.SHADOWING,
+    DeviceStatus.SHADOW_ASSIGNED, DeviceStatus.FAILED,
     DeviceStatus.REVERTING, DeviceStatus.ROLLED_BACK, DeviceStatus.PENDING, DeviceStatus.OFFLINE,
 )  # fmt: skip
 PHASE_CSS = {
-    Phase.PLANNED: "ph-run", Phase.ASSIGNING: "ph-run", Phase.SOAKING: "ph-run",
+    Phase.PLANNED: "ph-run", Phase.ASSIGNING: "ph-run", Phase.SHADOW: "ph-run",
+    Phase.SOAKING: "ph-run",
     Phase.FINISHING: "ph-run", Phase.AWAITING_APPROVAL: "ph-wait", Phase.PAUSED: "ph-wait",
     Phase.ROLLING_BACK: "ph-bad", Phase.COMPLETED: "ph-ok", Phase.COMPLETED_PARTIAL: "ph-wait",
     Phase.CANCELLED: "ph-stop", Phase.ROLLED_BACK: "ph-bad",
@@ -43,6 +45,7 @@ PHASE_CSS = {
 PHASE_TEXT = {
     Phase.PLANNED: "planned: starts at the next tick",
     Phase.ASSIGNING: "installing the wave",
+    Phase.SHADOW: "shadow: the wave runs the new bundle beside the live one, never acting",
     Phase.SOAKING: "soaking: watching the gates",
     Phase.AWAITING_APPROVAL: "waiting for an operator to approve the next wave",
     Phase.FINISHING: "last wave passed; waiting for offline devices",
@@ -57,8 +60,9 @@ DEVICES_SHOWN = 200
 """Devices listed on a rollout's page; beyond, the ones that need attention come first."""
 _ATTENTION = {
     DeviceStatus.FAILED: 0, DeviceStatus.REVERTING: 1, DeviceStatus.INSTALLING: 2,
-    DeviceStatus.ASSIGNED: 3, DeviceStatus.ROLLED_BACK: 4, DeviceStatus.OFFLINE: 5,
-    DeviceStatus.PENDING: 6, DeviceStatus.DONE: 7,
+    DeviceStatus.ASSIGNED: 3, DeviceStatus.SHADOW_ASSIGNED: 3, DeviceStatus.SHADOWING: 3,
+    DeviceStatus.ROLLED_BACK: 4, DeviceStatus.OFFLINE: 5, DeviceStatus.PENDING: 6,
+    DeviceStatus.DONE: 7,
 }  # fmt: skip
 BUTTON_TEXT = {"approve": "Approve next wave", "pause": "Pause", "resume": "Resume",
                "cancel": "Cancel rollout", "rollback": "Roll back"}  # fmt: skip
@@ -150,7 +154,9 @@ def rollout_page(rollout: Rollout, *, width: int = 560) -> RolloutPage:
         planned, before = w.target - before, w.target
         size = max(planned, len(w.devices), 1)
         bar = progress_bar(segments(counts), size, label=f"wave {w.index + 1}", width=width)
-        checks = gate_rows(w.metrics, gates_policy, rollout.budget_ms) if w.metrics else []
+        shown = w.metrics or w.shadow
+        spec = rollout.spec
+        checks = gate_rows(shown, gates_policy, rollout.budget_ms, spec) if shown else []
         waves.append(
             WaveRow(w.index + 1, w.target, planned, state, w.started_at, w.passed_at, bar, checks)
         )
@@ -177,7 +183,11 @@ def rollout_page(rollout: Rollout, *, width: int = 560) -> RolloutPage:
         wave=rollout.wave + 1,
         waves=waves,
         overall=bar,
-        gates=gate_rows(rollout.gate, gates_policy, rollout.budget_ms) if rollout.gate else [],
+        gates=(
+            gate_rows(rollout.gate, gates_policy, rollout.budget_ms, rollout.spec)
+            if rollout.gate
+            else []
+        ),
         actions=available_actions(rollout),
         devices=rows,
         devices_total=total,
