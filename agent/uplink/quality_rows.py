@@ -35,7 +35,8 @@ from agent.wire.quality import HOUR_S, DriftHour, ShadowRecord
 
 GRACE_S = 60
 """A drift bucket is uploaded this long after it is over (late decisions of its last
-seconds are still counted into it)."""
+seconds are still counted into it), or half its length when that is shorter (a 10 s
+bucket waits 5 s); a bucket that changes after its upload is sent again anyway."""
 SHADOW_PREFIX = "s:"
 DRIFT_PREFIX = "d:"
 
@@ -102,16 +103,17 @@ def closed_drift(
     db_path: Path, now: float, limit: int, exclude: Collection[str] = ()
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` drift_hours rows with ``uploaded = 0`` whose bucket ended at least
-    :data:`GRACE_S` before ``now``, oldest first; none whose key (as JSON, see
+    :data:`GRACE_S` (or half its length) before ``now``, oldest first; none whose key (as JSON, see
     :func:`key_text`) is in ``exclude``.
 
     Raises:
         DecisionLogError: the log can't be read.
     """
     period = f"coalesce(json_extract(hist, '$.{PERIOD_KEY}'), {HOUR_S})"
+    grace = f"min({GRACE_S}, {period} / 2.0)"
     sql = (
         f"SELECT {', '.join(DRIFT_COLUMNS)} FROM {DRIFT_TABLE} "  # noqa: S608 - fixed names
-        f"WHERE uploaded = {NOT_UPLOADED} AND hour + {period} + {GRACE_S} <= ? "
+        f"WHERE uploaded = {NOT_UPLOADED} AND hour + {period} + {grace} <= ? "
         "ORDER BY hour, model_name, model_version, line, source LIMIT ?"
     )
     rows = _read(db_path, sql, [now, limit + len(exclude)])

@@ -30,9 +30,9 @@ MAX_CLASSES = 64
 """Top-class counts keep this many labels; the rest are summed under :data:`OTHER`."""
 OTHER = "__other__"
 HOUR_S = 3600
-PERIODS_S = (60, 300, 600, 900, 1800, HOUR_S)
-"""Bucket lengths a device may count in: an hour in production; shorter ones let a test or
-a trial line see drift within minutes."""
+PERIODS_S = (10, 30, 60, 300, 600, 900, 1800, HOUR_S)
+"""Bucket lengths a device may count in: an hour in production; shorter ones let a trial
+line (or a test) see drift within minutes."""
 
 DRIFT_BINS: dict[str, tuple[float, ...]] = {
     # score / confidence of the top item: deciles
