@@ -10,9 +10,9 @@ source are summed (:class:`Counts`), and two windows are compared:
 
 - **reference**: the ``reference_hours`` after the first bucket of that version on that
   line (when it reached the line), or a window an operator pinned;
-- **current**: the last ``window_hours`` before now, starting no earlier than the
-  reference's end (the two never overlap: a version is not compared with itself while
-  its reference fills).
+- **current**: the last ``window_hours`` of data (up to the newest bucket, never past
+  now), starting no earlier than the reference's end (the two never overlap: a version
+  is not compared with itself while its reference fills).
 
 A bucket belongs to a window when its start does. Each histogram (:data:`NUMERIC`,
 plus ``outcomes`` and ``top_class`` over the union of their labels) present on both
@@ -221,11 +221,20 @@ def reference_window(
     return Window(first_bucket, first_bucket + settings.reference_hours * HOUR_S)
 
 
-def current_window(reference: Window, settings: DriftSettings, now: float) -> Window:
-    """The last ``window_hours`` before ``now``, from the reference's end at the earliest
-    (empty, start == end, while the reference is still filling)."""
-    start = max(now - settings.window_hours * HOUR_S, reference.end)
-    return Window(min(start, now), now)
+def current_window(
+    reference: Window, settings: DriftSettings, now: float, newest: float | None = None
+) -> Window:
+    """The last ``window_hours`` of data: up to the newest bucket (its start ``newest``;
+    never past ``now``), from the reference's end at the earliest (empty, start == end,
+    while the reference is still filling).
+
+    Ending at the newest bucket, not at ``now``, keeps the window full although devices
+    upload a bucket only once it is over: a line whose devices stopped keeps the verdict
+    of its last data, which the window's dates show.
+    """
+    end = now if newest is None else min(now, newest + 1)
+    start = max(end - settings.window_hours * HOUR_S, reference.end)
+    return Window(min(start, end), end)
 
 
 def sum_window(buckets: Mapping[int, Counts], window: Window) -> Counts:
@@ -302,7 +311,7 @@ def evaluate(
     if not buckets:
         raise ValueError(f"no drift buckets for {key}")
     reference = reference_window(float(min(buckets)), settings, pin)
-    current = current_window(reference, settings, now)
+    current = current_window(reference, settings, now, float(max(buckets)))
     return judge(
         key,
         reference,

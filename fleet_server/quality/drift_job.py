@@ -1,8 +1,8 @@
 """The drift job: the verdicts of :mod:`fleet_server.quality.drift` over the stored
 buckets, the flag per (model version, line) and the ``drift`` events.
 
-:func:`compute` reads, per (model version, line), its first bucket, then only the
-buckets of its two windows, and judges them (the API's answer: always fresh).
+:func:`compute` reads, per (model version, line), its first and newest bucket, then
+only the buckets of its two windows, and judges them (the API's answer: always fresh).
 :func:`run_drift` (every ``[drift] interval_s`` in ``fleet-server serve``, and on demand
 through ``POST /api/v1/drift/check``) computes every key and keeps the flag in
 ``drift_status``: it changes only on a *judged* verdict (a line that stopped keeps its
@@ -33,17 +33,19 @@ from fleet_server.db.errors import StorageError
 from fleet_server.db.store import EventRecord
 from fleet_server.db.tables import drift_status
 from fleet_server.quality.drift import (
+    HOUR_S,
     Counts,
     DriftReport,
     DriftSettings,
     Key,
+    Window,
     current_window,
     judge,
     merge,
     reference_window,
     sum_window,
 )
-from fleet_server.quality.store import first_buckets, list_drift_hours
+from fleet_server.quality.store import bucket_span, list_drift_hours
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +178,11 @@ def compute(
     """The verdict of every (model version, line) matching the filters, by key."""
     now = time.time() if now is None else now
     pins = {s.key: s.pin for s in list_status(bind, line=line, model_name=model_name)}
-    firsts = first_buckets(bind, model_name=model_name, model_version=model_version, line=line)
+    spans = bucket_span(bind, model_name=model_name, model_version=model_version, line=line)
     reports = []
-    for key, first in firsts.items():
+    for key, (first, newest) in spans.items():
         reference = reference_window(float(first), settings, pins.get(key))
-        current = current_window(reference, settings, now)
+        current = current_window(reference, settings, now, float(newest))
         rows = []
         for window in (reference, current):
             if window.end > window.start:
@@ -196,6 +198,9 @@ def compute(
         ref, cur = sum_window(buckets, reference), sum_window(buckets, current)
         if reference.end > current.start:  # a pinned reference reaching into the current
             cur = Counts()
+        if newest in buckets and current.end > current.start:  # shown: the bucket's end
+            shown_end = min(now, newest + (buckets[newest].period_s or HOUR_S))
+            current = Window(current.start, max(current.end, shown_end))
         reports.append(judge(key, reference, current, ref, cur, settings))
     return reports
 

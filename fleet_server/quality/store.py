@@ -269,15 +269,15 @@ def drift_keys(bind: Bind) -> list[tuple[str, str, str]]:
         return [(r[0], r[1], r[2]) for r in conn.execute(query)]
 
 
-def first_buckets(
+def bucket_span(
     bind: Bind,
     *,
     model_name: str | None = None,
     model_version: str | None = None,
     line: str | None = None,
-) -> dict[tuple[str, str, str], int]:
-    """The first bucket's start per (model_name, model_version, line) matching the
-    filters: when that version reached that line."""
+) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """The first and the newest bucket's start per (model_name, model_version, line)
+    matching the filters (the first: when that version reached that line)."""
     t = drift_hours
     where: list[sa.ColumnElement[bool]] = []
     for column, value in (
@@ -288,10 +288,16 @@ def first_buckets(
         if value is not None:
             where.append(column == value)
     query = (
-        sa.select(t.c.model_name, t.c.model_version, t.c.line, sa.func.min(t.c.hour))
+        sa.select(
+            t.c.model_name,
+            t.c.model_version,
+            t.c.line,
+            sa.func.min(t.c.hour),
+            sa.func.max(t.c.hour),
+        )
         .where(*where)
         .group_by(t.c.model_name, t.c.model_version, t.c.line)
         .order_by(t.c.model_name, t.c.model_version, t.c.line)
     )
     with reading(bind) as conn:
-        return {(r[0], r[1], r[2]): int(r[3]) for r in conn.execute(query)}
+        return {(r[0], r[1], r[2]): (int(r[3]), int(r[4])) for r in conn.execute(query)}

@@ -128,9 +128,12 @@ def test_the_job_writes_one_event_per_crossing_into_drift(db: Engine) -> None:
     assert event.payload["line"] == "1"
     assert event.payload["model_version"] == "1.0.0"
     assert event.payload["histograms"]["brightness"]["psi"] > 0.25
-    # the line stops: not judged, the flag stays; back to normal: cleared; dark again: a new event
-    run_drift(db, SETTINGS, now_after(40))
+    # the line stops: its last data keep the verdict (the window ends at the newest bucket)
+    (stale,) = run_drift(db, SETTINGS, now_after(40)).reports
+    assert stale.drifted
+    assert (stale.current.start, stale.current.end) == (now_after(10), now_after(15))
     assert list_status(db)[0].drifted
+    # back to normal: cleared; dark again: a new event
     fill(db, "gw-1", "1", range(40, 45), 120)
     cleared = run_drift(db, SETTINGS, now_after(45))
     assert cleared.raised == []
