@@ -137,6 +137,7 @@ def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
         "files": True,
         "rollouts": True,
         "ingest-0": True,
+        "drift": True,
     }
     files = services["files"]["detail"]
     assert files["thread_alive"] is True
