@@ -241,34 +241,15 @@ class Batcher:
             rel, row_id = row.get("thumbnail"), str(row.get("id"))
             if not rel or row_id not in chosen:
                 continue
-            path = self.thumbnails_dir / str(rel)
-            if Path(str(rel)).is_absolute() or ".." in Path(str(rel)).parts:
-                log.error("uplink: decision %s names thumbnail %r outside the log", row_id, rel)
-                self.publisher.count("thumbnails_invalid")
-                continue
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                self.publisher.count("thumbnails_missing")  # deleted by retention, or lost
-                continue
-            except OSError as exc:
-                log.error("uplink: thumbnail %s can't be read: %s", path, exc)  # noqa: TRY400
-                self.publisher.count("thumbnails_invalid")
-                continue
-            try:
-                message = ThumbnailUpload.of(
-                    self.device_id, row_id, float(row["decision_time"]), data
-                )
-                payload = encode(message)
-            except MessageError as exc:
-                log.error("uplink: thumbnail %s can't be uploaded: %s", path, exc.reason)  # noqa: TRY400
-                self.publisher.count("thumbnails_invalid")
-                continue
-            if (
-                self.outbox.put(KIND_THUMBNAIL, self.thumbnail_topic, payload, (row_id,))
-                is not None
-            ):
-                self.publisher.count("thumbnails_queued")
+            queue_thumbnail(
+                self.outbox,
+                self.publisher,
+                self.thumbnails_dir,
+                str(rel),
+                self.device_id,
+                row_id,
+                float(row["decision_time"]),
+            )
 
     def _set_aside(self, bad: Mapping[str, str]) -> None:
         for row_id, reason in bad.items():
@@ -277,6 +258,49 @@ class Batcher:
             if len(self._bad_ids) >= BAD_IDS_BOUND:
                 self._bad_ids.pop(next(iter(self._bad_ids)))
             self._bad_ids[row_id] = reason
+
+
+def queue_thumbnail(
+    outbox: Outbox,
+    publisher: Publisher,
+    state_dir: Path,
+    rel: str,
+    device_id: str,
+    decision_id: str,
+    ts: float,
+) -> bool:
+    """Queue the JPEG at ``state_dir / rel`` as the thumbnail of decision ``decision_id``;
+    whether it was queued. A path outside the state directory, a missing file (retention
+    deleted it) or one that is not a thumbnail is counted and skipped.
+
+    Raises:
+        OutboxError: the outbox can't be written.
+    """
+    path = state_dir / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        log.error("uplink: decision %s names thumbnail %r outside the log", decision_id, rel)
+        publisher.count("thumbnails_invalid")
+        return False
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        publisher.count("thumbnails_missing")  # deleted by retention, or lost
+        return False
+    except OSError as exc:
+        log.error("uplink: thumbnail %s can't be read: %s", path, exc)  # noqa: TRY400
+        publisher.count("thumbnails_invalid")
+        return False
+    try:
+        payload = encode(ThumbnailUpload.of(device_id, decision_id, ts, data))
+    except MessageError as exc:
+        log.error("uplink: thumbnail %s can't be uploaded: %s", path, exc.reason)  # noqa: TRY400
+        publisher.count("thumbnails_invalid")
+        return False
+    topic = topics.thumbnails(device_id)
+    if outbox.put(KIND_THUMBNAIL, topic, payload, (decision_id,)) is None:
+        return False
+    publisher.count("thumbnails_queued")
+    return True
 
 
 def rows_in_state(db_path: Path, state: int) -> list[str]:

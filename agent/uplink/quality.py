@@ -37,6 +37,7 @@ from agent.decisionlog.schema import (
 from agent.errors import DecisionLogError
 from agent.uplink import quality_rows as rows
 from agent.uplink.acks import Publisher
+from agent.uplink.decisions import queue_thumbnail
 from agent.uplink.outbox import KIND_QUALITY, Entry, Outbox
 from agent.wire import topics
 from agent.wire.compress import compress
@@ -173,8 +174,13 @@ class QualitySender:
         *,
         batch: int,
         clock: Callable[[], float] = time.time,
+        thumbnails_dir: Path | None = None,
     ) -> None:
         self.db_path = Path(db_path)
+        self.thumbnails_dir = thumbnails_dir
+        """Where the log keeps its files: the frame a disagreeing shadow row kept is
+        queued as its decision's thumbnail (the same frame), so the fleet's review can
+        draw both models on it; None uploads no frames."""
         self.device_id = device_id
         self.outbox = outbox
         self.publisher = publisher
@@ -246,6 +252,20 @@ class QualitySender:
         ids = [i[len(rows.SHADOW_PREFIX) :] for i in batch.ids]
         self.marks.shadow(ids, QUEUED, was=(NOT_UPLOADED,))
         self.publisher.count("shadow_queued", len(ids))
+        if self.thumbnails_dir is not None:
+            chosen = set(ids)
+            for row in raw:
+                decision_id, rel = str(row.get("decision_id")), row.get("thumbnail")
+                if rel and decision_id in chosen:
+                    queue_thumbnail(
+                        self.outbox,
+                        self.publisher,
+                        self.thumbnails_dir,
+                        str(rel),
+                        self.device_id,
+                        decision_id,
+                        float(row["ts"]),
+                    )
         self.more_waiting |= len(raw) >= self.batch or len(ids) < len(records)
         return len(ids)
 

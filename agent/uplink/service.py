@@ -195,7 +195,12 @@ class Uplink:
                 thumbnails_dir=decision_log.state_dir if config.upload_thumbnails else None,
             )
             self._quality = QualitySender(
-                decision_log.path, device_id, self.outbox, self._pub, batch=config.quality_batch
+                decision_log.path,
+                device_id,
+                self.outbox,
+                self._pub,
+                batch=config.quality_batch,
+                thumbnails_dir=decision_log.state_dir if config.upload_thumbnails else None,
             )
 
     # -- life cycle --------------------------------------------------------------------

@@ -331,3 +331,45 @@ def test_key_of_a_drift_batch_entry_names_its_totals(tmp_path: Path) -> None:
         (ident,) = entry.ids
         assert json.loads(ident[2:])[-1] == 6
         sender.close()
+
+
+def test_the_frame_of_a_disagreement_is_queued_as_its_decisions_thumbnail(
+    tmp_path: Path,
+) -> None:
+    """The fleet draws both models on the frame the shadow kept: it goes up as the
+    decision's own thumbnail (the same frame), and only for disagreements."""
+    import numpy as np
+
+    from agent.uplink.outbox import KIND_THUMBNAIL
+    from agent.wire.codec import parse
+    from agent.wire.decisions import ThumbnailUpload
+
+    dlog = open_log(tmp_path / "log", "dev-t")
+    dlog.close()
+    store = ShadowStore(tmp_path / "log", dlog.config)
+    now = time.time()
+    frame = np.full((48, 64, 3), 90, np.uint8)
+    agreeing, disagreeing = (
+        "0190d3a8-0000-7000-8000-000000000001",
+        "0190d3a8-0000-7000-8000-000000000002",
+    )
+    store.write(_shadow_row(agreeing, now - 2, agree=True))  # the runner keeps no frame
+    store.write(_shadow_row(disagreeing, now - 1, agree=False), frame)
+    assert store.flush() == 2
+    store.close()
+    with Outbox(tmp_path / "outbox.db", 1 << 20) as box:
+        sender = QualitySender(
+            dlog.path,
+            "dev-t",
+            box,
+            _Counter(),
+            batch=10,
+            thumbnails_dir=tmp_path / "log",  # type: ignore[arg-type]
+        )
+        assert sender.fill_once() == 2
+        thumbs = [e for e in box.oldest() if e.kind == KIND_THUMBNAIL]
+        assert [e.ids for e in thumbs] == [(disagreeing,)]
+        upload = parse(ThumbnailUpload, thumbs[0].payload)
+        assert upload.decision_id == disagreeing
+        assert thumbs[0].topic == topics.thumbnails("dev-t")
+        sender.close()
