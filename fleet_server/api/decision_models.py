@@ -19,7 +19,10 @@ from fleet_server.review import (
     OutcomeScore,
     Page,
     Review,
+    ShadowComparison,
+    ShadowSideView,
     Verdict,
+    comparison_url,
     encode_cursor,
     image_url,
     merged,
@@ -176,6 +179,58 @@ def _boxes(outputs: Any) -> list[BoxOut]:
     return out
 
 
+class ShadowSideOut(ApiModel):
+    """One model's side of a shadow comparison."""
+
+    model_name: str = Field(description="Bundle (model) name.")
+    model_version: str = Field(description="Its version.")
+    release: int | None = Field(description="Its release, when known.")
+    outcome: str = Field(description="Its outcome under the live pipeline's policy.")
+    latency_ms: float | None = Field(description="Its inference latency (queue + infer), ms.")
+    outputs: dict[str, Any] = Field(
+        description="Its post-processed outputs (top_k / score, or boxes in frame pixels)."
+    )
+
+
+class ShadowOut(ApiModel):
+    """What a candidate in the device's shadow slot said about the same frame (it never
+    acted: the live model decided)."""
+
+    ts: float = Field(description="When the device compared (Unix seconds).")
+    line: str = Field(description="The line the device named.")
+    agree: bool = Field(description="Both models gave the same outcome.")
+    live: ShadowSideOut = Field(description="The live model (it decided).")
+    candidate: ShadowSideOut = Field(description="The candidate in the shadow slot.")
+    iou_threshold: float | None = Field(description="IoU a box match needed.")
+    matched: int = Field(description="Detections matched (same label, IoU >= threshold).")
+    unmatched_live: int = Field(description="Live detections with no candidate match.")
+    unmatched_candidate: int = Field(description="Candidate detections with no live match.")
+    image: str = Field(
+        description="Path of a PNG with both models' outputs drawn (live in blue, the "
+        "candidate in magenta, a legend naming both versions)."
+    )
+
+
+def _side_out(side: ShadowSideView) -> ShadowSideOut:
+    return ShadowSideOut(**vars(side))
+
+
+def shadow_out(shadow: ShadowComparison, decision_id: str, device_id: str) -> ShadowOut:
+    """The API form of a decision's shadow comparison."""
+    return ShadowOut(
+        ts=shadow.ts,
+        line=shadow.line,
+        agree=shadow.agree,
+        live=_side_out(shadow.live),
+        candidate=_side_out(shadow.candidate),
+        iou_threshold=shadow.iou_threshold,
+        matched=shadow.matched,
+        unmatched_live=shadow.unmatched_live,
+        unmatched_candidate=shadow.unmatched_candidate,
+        image=comparison_url(decision_id, device_id),
+    )
+
+
 class DecisionDetailOut(DecisionRowOut):
     """A decision in whole: the table row's fields and what the device recorded."""
 
@@ -194,6 +249,16 @@ class DecisionDetailOut(DecisionRowOut):
     device_labels: dict[str, str] = Field(description="The device's labels.")
     history: list[ReviewOut] = Field(description="Its reviews, newest first.")
     payload: dict[str, Any] = Field(description="The row as the device uploaded it.")
+    shadow: ShadowOut | None = Field(
+        None,
+        description="The shadow comparison of this frame: a candidate's outcome and "
+        "outputs (null: the frame was not sampled for a shadow).",
+    )
+    label_agrees_with: str | None = Field(
+        None,
+        description="Which model the current label agrees with: live, candidate, both or "
+        "neither (null without a shadow comparison or a label).",
+    )
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -230,6 +295,10 @@ def detail_out(
         device_labels=detail.labels,
         history=[review_out(r) for r in detail.history],
         payload=p,
+        shadow=None
+        if detail.shadow is None
+        else shadow_out(detail.shadow, detail.summary.id, detail.summary.device_id),
+        label_agrees_with=detail.label_agrees_with,
     )
 
 

@@ -49,10 +49,12 @@ from fleet_server.review import (
     MAX_LIMIT,
     DecisionFilter,
     NoImage,
+    NoShadow,
     ReviewError,
     UnknownDecision,
     accuracy,
     check_export_size,
+    comparison_image,
     decision_image,
     decode_cursor,
     etag,
@@ -85,7 +87,7 @@ def answering() -> Iterator[None]:
     image, else 400 naming the parameter or field."""
     try:
         yield
-    except (UnknownDecision, NoImage) as exc:
+    except (UnknownDecision, NoImage, NoShadow) as exc:
         raise HTTPException(404, str(exc)) from None
     except ReviewError as exc:
         raise HTTPException(400, str(exc)) from None
@@ -121,6 +123,13 @@ def decision_filter(
     since: Annotated[str | None, Query(description=TIME_HELP + " (at or after)")] = None,
     until: Annotated[str | None, Query(description=TIME_HELP + " (before)")] = None,
     reviewed: Annotated[str | None, Query(description="yes or no")] = None,
+    disagreement: Annotated[
+        str | None,
+        Query(
+            description="yes (1): only decisions a shadow candidate decided otherwise; "
+            "no (0): only the others"
+        ),
+    ] = None,
 ) -> DecisionFilter:
     """Dependency: the filter of the list and the export (400 naming a bad parameter)."""
     given = {
@@ -133,6 +142,7 @@ def decision_filter(
         "since": since,
         "until": until,
         "reviewed": reviewed,
+        "disagreement": disagreement,
     }
     with answering():
         return parse_filter(given)
@@ -309,6 +319,41 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         if if_none_match is not None and _matches(if_none_match, tag):
             return Response(status_code=304, headers=headers)
         return Response(record.data, media_type=record.content_type, headers=headers)
+
+    @router.get(
+        "/decisions/{decision_id}/comparison.png",
+        dependencies=[*READ, Depends(known_params("device"))],
+        response_class=Response,
+        responses={
+            200: {"content": {"image/png": {}}, "description": "The PNG."},
+            304: {"description": "Not modified (If-None-Match named its ETag)."},
+            **error_responses(e404="No such decision, or no shadow comparison of it"),
+        },
+    )
+    def comparison(
+        decision_id: str,
+        device: Device = None,
+        if_none_match: Annotated[str | None, Header(max_length=MAX_PARAM)] = None,
+    ) -> Response:
+        """Both models' outputs on the decision's image, for a decision a candidate in
+        the device's shadow slot also decided: the live model's boxes and labels in
+        blue, the candidate's in magenta, and a legend naming both versions with their
+        outcomes (a classifier's top label and score as text). On a grey frame when
+        the device uploaded no image. A 404 names the decision when it is unknown or
+        has no shadow comparison. It may change once (the image can arrive after the
+        comparison): revalidated by its ETag."""
+        with answering():
+            data = comparison_image(ctx.engine, decision_id, device)
+        tag = etag(data)
+        headers = {
+            "ETag": tag,
+            "Cache-Control": "private, no-cache",
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+        }
+        if if_none_match is not None and _matches(if_none_match, tag):
+            return Response(status_code=304, headers=headers)
+        return Response(data, media_type="image/png", headers=headers)
 
     @router.post(
         "/decisions/{decision_id}/review",

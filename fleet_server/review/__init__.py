@@ -11,7 +11,10 @@ reviews (the ground-truth labels), accuracy from those labels and CSV export.
   intervals (pure).
 - :mod:`~fleet_server.review.export`: CSV of a filtered list, streamed.
 - :mod:`~fleet_server.review.images`: a decision's image (the thumbnail its device
-  uploaded).
+  uploaded), and both models' outputs drawn on it for a shadow comparison
+  (:mod:`~fleet_server.review.overlay`).
+- :mod:`~fleet_server.review.shadow`: a decision's shadow comparison (the candidate's
+  outcome and outputs) and which model a label agrees with.
 
 docs/decision-review.md describes the whole; the HTTP endpoints are in
 :mod:`fleet_server.api.decisions`.
@@ -19,7 +22,14 @@ docs/decision-review.md describes the whole; the HTTP endpoints are in
 
 from __future__ import annotations
 
-from fleet_server.review.errors import BadQuery, BadReview, NoImage, ReviewError, UnknownDecision
+from fleet_server.review.errors import (
+    BadQuery,
+    BadReview,
+    NoImage,
+    NoShadow,
+    ReviewError,
+    UnknownDecision,
+)
 from fleet_server.review.export import COLUMNS, MAX_EXPORT_ROWS, check_export_size, export_csv
 from fleet_server.review.filters import (
     DEFAULT_LIMIT,
@@ -32,8 +42,11 @@ from fleet_server.review.filters import (
     parse_filter,
 )
 from fleet_server.review.images import (
+    COMPARISON_PATH,
     IMAGE_PATH,
     ImageRecord,
+    comparison_image,
+    comparison_url,
     decision_image,
     etag,
     image_sizes,
@@ -68,9 +81,17 @@ from fleet_server.review.scores import (
     outcome_scores,
     proportion,
 )
+from fleet_server.review.shadow import (
+    RightModel,
+    ShadowComparison,
+    ShadowSideView,
+    right_model,
+    shadow_outcomes,
+)
 
 __all__ = [
     "COLUMNS",
+    "COMPARISON_PATH",
     "DEFAULT_CONFIDENCE",
     "DEFAULT_LIMIT",
     "FILTER_PARAMS",
@@ -90,16 +111,22 @@ __all__ = [
     "ImageRecord",
     "Label",
     "NoImage",
+    "NoShadow",
     "OutcomeScore",
     "Page",
     "Proportion",
     "Review",
     "ReviewError",
+    "RightModel",
+    "ShadowComparison",
+    "ShadowSideView",
     "UnknownDecision",
     "Verdict",
     "accuracy",
     "check_confidence",
     "check_export_size",
+    "comparison_image",
+    "comparison_url",
     "decision_image",
     "decode_cursor",
     "encode_cursor",
@@ -118,6 +145,8 @@ __all__ = [
     "parse_filter",
     "parse_group",
     "proportion",
+    "right_model",
     "save_review",
+    "shadow_outcomes",
     "top_result",
 ]

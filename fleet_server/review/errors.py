@@ -1,7 +1,7 @@
 """The errors of decision review: all under :class:`ReviewError`, itself a
 :class:`fleet_server.errors.FleetError`. The HTTP layer (:mod:`fleet_server.api.decisions`)
 answers :class:`BadQuery` and :class:`BadReview` with 400, :class:`UnknownDecision` and
-:class:`NoImage` with 404."""
+:class:`NoImage` and :class:`NoShadow` with 404."""
 
 from __future__ import annotations
 
@@ -57,6 +57,19 @@ class NoImage(ReviewError):
     def __init__(self, decision_id: str) -> None:
         self.decision_id = decision_id
         super().__init__(f"decision {decision_id!r}", "no image uploaded")
+
+
+class NoShadow(ReviewError):
+    """The decision is stored but no shadow record of it is: its frame was not sampled
+    for a candidate in the device's shadow slot, or the record has not arrived yet.
+
+    Attributes:
+        decision_id: the id asked for.
+    """
+
+    def __init__(self, decision_id: str) -> None:
+        self.decision_id = decision_id
+        super().__init__(f"decision {decision_id!r}", "no shadow comparison of it stored")
 
 
 class BadReview(ReviewError):

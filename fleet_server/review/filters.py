@@ -19,7 +19,7 @@ from fleet_server.review.errors import BadQuery
 
 TEXT_FILTERS = ("site", "line", "device", "source", "outcome", "model_version")
 """Filters that match one text value exactly."""
-FILTER_PARAMS = (*TEXT_FILTERS, "since", "until", "reviewed")
+FILTER_PARAMS = (*TEXT_FILTERS, "since", "until", "reviewed", "disagreement")
 MAX_TEXT = 200
 """The longest filter value taken."""
 MAX_LIMIT = 500
@@ -45,6 +45,9 @@ class DecisionFilter:
         since: decision time at or after (Unix seconds).
         until: decision time before (Unix seconds).
         reviewed: only reviewed (True) or only unreviewed (False) decisions.
+        disagreement: only decisions a candidate in the device's shadow slot decided
+            otherwise (True: a ``shadow_results`` row of the same device and decision
+            with ``agree`` false), or only the others (False).
     """
 
     site: str | None = None
@@ -56,6 +59,7 @@ class DecisionFilter:
     since: float | None = None
     until: float | None = None
     reviewed: bool | None = None
+    disagreement: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -108,18 +112,27 @@ def parse_time(param: str, value: str) -> float:
     return parsed.timestamp()
 
 
-def parse_reviewed(value: str) -> bool:
+def parse_yes_no(value: str, param: str = "reviewed") -> bool:
     """``yes``/``true``/``1`` or ``no``/``false``/``0``.
 
     Raises:
-        BadQuery: anything else.
+        BadQuery: anything else (naming ``param``).
     """
     word = value.strip().lower()
     if word in _YES:
         return True
     if word in _NO:
         return False
-    raise BadQuery("reviewed", f"{value!r} is not yes or no")
+    raise BadQuery(param, f"{value!r} is not yes or no")
+
+
+def parse_reviewed(value: str) -> bool:
+    """``yes``/``true``/``1`` or ``no``/``false``/``0``.
+
+    Raises:
+        BadQuery: anything else.
+    """
+    return parse_yes_no(value, "reviewed")
 
 
 def parse_filter(params: Mapping[str, str | None]) -> DecisionFilter:
@@ -141,7 +154,13 @@ def parse_filter(params: Mapping[str, str | None]) -> DecisionFilter:
         raise BadQuery("until", f"{until_text!r} is not after since ({since_text!r})")
     reviewed_text = params.get("reviewed")
     reviewed = None if reviewed_text is None else parse_reviewed(reviewed_text)
-    return DecisionFilter(**texts, since=since, until=until, reviewed=reviewed)
+    disagreement_text = params.get("disagreement")
+    disagreement = (
+        None if disagreement_text is None else parse_yes_no(disagreement_text, "disagreement")
+    )
+    return DecisionFilter(
+        **texts, since=since, until=until, reviewed=reviewed, disagreement=disagreement
+    )
 
 
 def check_limit(limit: int) -> int:

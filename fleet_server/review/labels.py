@@ -216,7 +216,7 @@ def accuracy(
     for key in group:
         if key not in GROUP_KEYS:
             raise BadQuery("group", f"{key!r} is not one of {', '.join(GROUP_KEYS)}")
-    for name in ("source", "outcome", "reviewed"):
+    for name in ("source", "outcome", "reviewed", "disagreement"):
         if getattr(f, name) is not None:
             raise BadQuery(name, f"accuracy takes only {', '.join(_ACCURACY_FILTERS)}")
     r = decision_reviews

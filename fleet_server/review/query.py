@@ -15,6 +15,12 @@ labelled devices that have such rows count). A small set (up to
 :data:`SPLIT_DEVICES`) becomes one branch per device, pinned to it; a larger one is
 checked row by row while the branch's index (the time index when nothing else is
 pinned) is read.
+
+Two filters are driven by a smaller table instead: only reviewed decisions read the
+reviews (ordered by the review's copy of the decision time), and only disagreements
+(``disagreement``: a candidate in the device's shadow slot decided otherwise) read the
+disagreeing ``shadow_results`` rows, ordered by the comparison's time (``ts`` of the
+shadow record, taken on the device right after the live decision) and the decision id.
 """
 
 from __future__ import annotations
@@ -27,7 +33,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fleet_server.db._tx import Bind, reading
-from fleet_server.db.tables import LINE_EXPRESSION, decision_reviews, decisions, devices
+from fleet_server.db.tables import (
+    LINE_EXPRESSION,
+    decision_reviews,
+    decisions,
+    devices,
+    shadow_results,
+)
 from fleet_server.review.errors import BadQuery
 from fleet_server.review.filters import Cursor, DecisionFilter, check_limit
 from fleet_server.review.rows import DecisionSummary, Review, summarize
@@ -39,6 +51,7 @@ PROBE_BATCH = 500
 """Devices probed per statement for rows without a line."""
 
 R = decision_reviews
+S = shadow_results
 REVIEW_COLUMNS = ("seq", "decided", "verdict", "outcome", "note", "reviewer", "reviewed_at")
 _SELECTED = [
     decisions.c.id,
@@ -182,27 +195,47 @@ def _writing_no_line(
     return sorted(found)
 
 
-def _order(reviewed: bool | None) -> tuple[sa.ColumnElement[Any], sa.ColumnElement[Any]]:
-    """The columns the page is ordered by: the review's copy of them when only reviewed
-    decisions are listed (so the few reviews drive the reading, not a million rows)."""
-    if reviewed:
+D = (
+    sa.select(S.c.device_id, S.c.decision_id, S.c.ts)
+    .where(S.c.agree == sa.false())
+    .subquery("disagreements")
+)
+"""The disagreeing shadow records, only the columns the list needs (a subquery: the
+line's expression names ``payload`` unqualified, which shadow_results has too)."""
+
+
+def _order(f: DecisionFilter) -> tuple[sa.ColumnElement[Any], sa.ColumnElement[Any]]:
+    """The columns the page is ordered by: the disagreeing shadow record's time and id
+    when only disagreements are listed, the review's copy of the decision's when only
+    reviewed decisions are (so the few rows of those drive the reading, not a million
+    decisions), else the decision's own."""
+    if f.disagreement:
+        return D.c.ts, D.c.decision_id
+    if f.reviewed:
         return R.c.decision_ts, R.c.decision_id
     return decisions.c.ts, decisions.c.id
 
 
 _REVIEW_OF = sa.and_(R.c.device_id == decisions.c.device_id, R.c.decision_id == decisions.c.id)
 """A review belongs to the decision of the same device and id."""
+_DISAGREEMENT_OF = sa.and_(
+    D.c.device_id == decisions.c.device_id, D.c.decision_id == decisions.c.id
+)
+"""A shadow record belongs to the live decision of the same device and id."""
 
 
-def _source(reviewed: bool | None) -> sa.FromClause:
-    if reviewed:
+def _source(f: DecisionFilter) -> sa.FromClause:
+    if f.disagreement:
+        base = D.join(decisions, _DISAGREEMENT_OF)
+        return base.join(R, _REVIEW_OF) if f.reviewed else base.outerjoin(R, _REVIEW_OF)
+    if f.reviewed:
         return R.join(decisions, _REVIEW_OF)
     return decisions.outerjoin(R, _REVIEW_OF)
 
 
 def _branch_select(
     branch: Branch,
-    reviewed: bool | None,
+    f: DecisionFilter,
     common: list[sa.ColumnElement[bool]],
     limit: int,
 ) -> sa.Select[Any]:
@@ -211,18 +244,19 @@ def _branch_select(
     and may then read the time index and filter, which takes long when the value's
     rows are old (a replaced model version); ordered by the pins, only the index that
     starts with them gives the order, so that is the one read."""
-    ts, did = _order(reviewed)
+    ts, did = _order(f)
+    driven = bool(f.reviewed or f.disagreement)
     where = [*branch.conds, *common]
     order: list[sa.ColumnElement[Any]] = []
     for column, value in branch.pins:
-        if reviewed:  # the reviews drive: the pins are plain filters
+        if driven:  # the reviews or the shadow records drive: the pins are plain filters
             where.append(column == value)
         else:
             where += [column >= value, column <= value]
             order.append(column.desc())
     return (
         sa.select(*_SELECTED, ts.label("sort_ts"), did.label("sort_id"))
-        .select_from(_source(reviewed))
+        .select_from(_source(f))
         .where(*where)
         .order_by(*order, ts.desc(), did.desc())
         .limit(limit)
@@ -237,13 +271,21 @@ def page_query(
     parts = branches(conn, f)
     if not parts:
         return None
-    ts, did = _order(f.reviewed)
+    ts, did = _order(f)
     common: list[sa.ColumnElement[bool]] = []
     if f.reviewed is False:
         common.append(R.c.decision_id.is_(None))
+    if f.disagreement is False:
+        common.append(
+            ~sa.exists().where(
+                S.c.device_id == decisions.c.device_id,
+                S.c.decision_id == decisions.c.id,
+                S.c.agree == sa.false(),
+            )
+        )
     if after is not None:
         common += [ts <= after.ts, sa.or_(ts < after.ts, did < after.id)]
-    selects = [_branch_select(b, f.reviewed, common, limit) for b in parts]
+    selects = [_branch_select(b, f, common, limit) for b in parts]
     if len(selects) == 1:
         return selects[0]
     merged = sa.union_all(*(sa.select(s.subquery()) for s in selects)).subquery()

@@ -31,6 +31,7 @@ from fleet_server.review.errors import BadQuery, BadReview, UnknownDecision
 from fleet_server.review.filters import MAX_TEXT
 from fleet_server.review.query import REVIEW_COLUMNS, device_labels
 from fleet_server.review.rows import DecisionSummary, Review, line_of, summarize
+from fleet_server.review.shadow import RightModel, ShadowComparison, shadow_comparison
 
 Verdict = Literal["confirm", "override"]
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
@@ -52,12 +53,24 @@ class DecisionDetail:
         payload: the row the device uploaded (outputs, thresholds, latencies ...).
         labels: the device's labels ({} for a device not registered).
         history: its reviews, newest first (at most :data:`HISTORY_SHOWN`).
+        shadow: what a candidate in the device's shadow slot said about the same frame
+            (None: the frame was not sampled for a shadow, or no candidate ran).
     """
 
     summary: DecisionSummary
     payload: dict[str, Any]
     labels: dict[str, str]
     history: list[Review]
+    shadow: ShadowComparison | None = None
+
+    @property
+    def label_agrees_with(self) -> RightModel | None:
+        """Which model the current label agrees with (live, candidate, both, neither);
+        None without a shadow record or a label."""
+        review = self.summary.review
+        if self.shadow is None or review is None:
+            return None
+        return self.shadow.right_model(review.outcome)
 
 
 def check_review(
@@ -216,6 +229,7 @@ def get_decision(bind: Bind, decision_id: str, device_id: str | None = None) -> 
             sa.select(r).where(r.c.device_id == row.device_id, r.c.decision_id == decision_id)
         ).first()
         labels = device_labels(conn, [row.device_id]).get(row.device_id, {})
+        shadow = shadow_comparison(conn, str(row.device_id), decision_id)
     review = None if current is None else _review(current._mapping)
     mapping = row._mapping
     return DecisionDetail(
@@ -223,4 +237,5 @@ def get_decision(bind: Bind, decision_id: str, device_id: str | None = None) -> 
         payload=dict(mapping["payload"] or {}),
         labels=labels,
         history=history,
+        shadow=shadow,
     )

@@ -9,6 +9,12 @@ A decision's image is the thumbnail its device uploaded, served by the API
 the boxes (:mod:`fleet_server.web.frames`); a list page looks up its rows' images in one
 query, never one per row.
 
+Shadow disagreements: the ``disagreement`` filter lists the decisions a candidate in the
+device's shadow slot decided otherwise (each row names the candidate's outcome), and a
+decision with a shadow comparison shows both models' outputs drawn on its image
+(``/api/v1/decisions/{id}/comparison.png``: live in blue, the candidate in magenta), both
+sides' outcomes and outputs, and which model the current label agrees with.
+
 The pages call :mod:`fleet_server.review`, as the JSON API does
 (docs/decision-review.md). Looking needs ``fleet:read``; the review form needs
 ``decisions:review`` and the session's CSRF token; the export link
@@ -27,6 +33,7 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from fleet_server.auth.deps import Principal
+from fleet_server.db._tx import reading
 from fleet_server.review import (
     DEFAULT_LIMIT,
     BadReview,
@@ -34,6 +41,7 @@ from fleet_server.review import (
     ReviewError,
     UnknownDecision,
     accuracy,
+    comparison_url,
     decode_cursor,
     encode_cursor,
     get_decision,
@@ -42,8 +50,10 @@ from fleet_server.review import (
     list_decisions,
     parse_filter,
     save_review,
+    shadow_outcomes,
 )
 from fleet_server.review.filters import TEXT_FILTERS
+from fleet_server.review.overlay import CANDIDATE_HEX, LIVE_HEX, summary
 from fleet_server.web import queries
 from fleet_server.web.frames import THUMB, Picture, boxes_of, draw, frame_of
 from fleet_server.web.pages import PREFIX, SECURITY_HEADERS, PageError, Pages, posted, safe_next
@@ -58,7 +68,7 @@ ACCURACY_GROUP = ["line", "model_version"]
 def _params(request: Request) -> dict[str, str]:
     """The page's filter parameters as given (blank ones left out)."""
     q = request.query_params
-    names = (*TEXT_FILTERS, "range", "reviewed")
+    names = (*TEXT_FILTERS, "range", "reviewed", "disagreement")
     return {n: q[n].strip() for n in names if q.get(n, "").strip()}
 
 
@@ -70,6 +80,7 @@ def _filter(params: dict[str, str], now: float, user: Principal) -> DecisionFilt
             raise PageError(400, f"range {span!r} is not one of {', '.join(RANGES)}", user=user)
         given["since"] = repr(now - RANGES[span])
     given["reviewed"] = params.get("reviewed")
+    given["disagreement"] = params.get("disagreement")
     try:
         return parse_filter(given)
     except ReviewError as exc:
@@ -84,6 +95,8 @@ def _export_url(f: DecisionFilter) -> str:
         query["until"] = repr(f.until)
     if f.reviewed is not None:
         query["reviewed"] = "yes" if f.reviewed else "no"
+    if f.disagreement is not None:
+        query["disagreement"] = "yes" if f.disagreement else "no"
     return "/api/v1/decisions/export.csv?" + urllib.parse.urlencode(query)
 
 
@@ -120,6 +133,8 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         keys = [(r.device_id, r.id) for r in page.rows]
         outputs = queries.decision_outputs(engine, keys)
         images = image_sizes_by_device(engine, keys)
+        with reading(engine) as conn:
+            shadows = shadow_outcomes(conn, keys)
         thumbs = [
             draw(
                 boxes_of(outputs.get((r.device_id, r.id))),
@@ -132,6 +147,7 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         ]
         values: dict[str, Any] = {
             "rows": list(zip(page.rows, thumbs, strict=True)),
+            "shadows": shadows,
             "params": params,
             "first_url": "?" + urllib.parse.urlencode(params),
             "next_url": next_url,
@@ -168,12 +184,23 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         values = {
             "d": d,
             "s": d.summary,
+            "shadow": d.shadow,
+            "comparison": comparison_url(decision_id, device_id) if d.shadow else None,
+            "shadow_said": (
+                (summary(d.shadow.live.outputs), summary(d.shadow.candidate.outputs))
+                if d.shadow
+                else ("", "")
+            ),
+            "live_colour": LIVE_HEX,
+            "candidate_colour": CANDIDATE_HEX,
             "frame": drawing,
             "picture": picture,
             "frame_size": frame,
             "boxes": boxes,
             "outputs": outputs if isinstance(outputs, dict) else {},
-            "outcomes": sorted({*OUTCOMES, d.summary.outcome}),
+            "outcomes": sorted(
+                {*OUTCOMES, d.summary.outcome, *([d.shadow.candidate.outcome] if d.shadow else [])}
+            ),
             "can_review": user.can("decisions:review"),
             "error": error,
             "done": done,
