@@ -35,8 +35,7 @@ from sqlalchemy.engine import Engine
 from agent.wire.messages import EVENT_INSTALL
 from fleet_server.db import store
 from fleet_server.db.store import Device, EventRecord
-from fleet_server.review.filters import DecisionFilter
-from fleet_server.review.labels import accuracy
+from fleet_server.review.labels import labelled_accuracy
 from fleet_server.rollout.events import DeviceReport, InstallOutcome, ShadowReport
 from fleet_server.rollout.gates import LabelCounts
 from fleet_server.rollout.reports import apply_report
@@ -209,17 +208,11 @@ def label_counts(engine: Engine, rollout: Rollout, base_versions: Iterable[str])
     """Review labels of the target version and of ``base_versions`` (what the rollout's
     devices ran before) of the target's bundle, on the rollout's devices' lines (every
     line when none of its devices has a ``line`` label)."""
-    lines = rollout_lines(rollout)
-    old = set(base_versions) - {rollout.spec.version}
-    counts = {"new": [0, 0], "old": [0, 0]}
-    for group in accuracy(engine, ["model_name", "model_version", "line"], DecisionFilter()):
-        if group.key["model_name"] != rollout.target.name:
-            continue
-        if lines and group.key["line"] not in lines:
-            continue
-        version = group.key["model_version"]
-        side = "new" if version == rollout.spec.version else "old" if version in old else None
-        if side is not None:
-            counts[side][0] += group.confirmed
-            counts[side][1] += group.reviewed
-    return LabelCounts(*counts["new"], *counts["old"])
+    lines = sorted(rollout_lines(rollout)) or None
+    name, version = rollout.target.name, rollout.spec.version
+    confirmed, reviewed = labelled_accuracy(engine, name, version, lines)
+    base_confirmed = base_reviewed = 0
+    for old in sorted(set(base_versions) - {version}):
+        ok, n = labelled_accuracy(engine, name, old, lines)
+        base_confirmed, base_reviewed = base_confirmed + ok, base_reviewed + n
+    return LabelCounts(confirmed, reviewed, base_confirmed, base_reviewed)

@@ -208,17 +208,12 @@ class _Run:
 
     def active(self, due: bool) -> None:
         r, now = self.r, self.now
-        if r.phase is not Phase.SHADOW:
-            self.fill()
+        failing = isinstance(self.verdict(soak_over=False), gates.GateFail)
+        if r.phase is not Phase.SHADOW and not failing:
+            self.fill()  # a gate that fails already assigns nobody more
         wave = self.waves[r.wave]
         last = r.wave == len(self.waves) - 1
-        verdict = gates.evaluate(
-            r.spec.policy.gates,
-            self.samples(),
-            r.budget_ms,
-            soak_over=r.phase is Phase.SOAKING and due,
-            labels=r.labels,
-        )
+        verdict = self.verdict(soak_over=r.phase is Phase.SOAKING and due)
         self.r = replace(self.r, gate=verdict.metrics | wave.shadow)
         if isinstance(verdict, gates.GateFail):
             self.fail(verdict)
@@ -263,6 +258,13 @@ class _Run:
         else:
             left = [d for d in self.r.order if self.devices[d].status is not S.DONE]
             self.enter(Phase.COMPLETED_PARTIAL, f"not done: {_ids(left)}")
+
+    def verdict(self, *, soak_over: bool) -> gates.GateResult:
+        """The health and accuracy gates over every device assigned so far."""
+        r = self.r
+        return gates.evaluate(
+            r.spec.policy.gates, self.samples(), r.budget_ms, soak_over=soak_over, labels=r.labels
+        )
 
     def shadow_phase(self, due: bool) -> bool:
         """The wave's shadow phase: wait for its devices to run the target as shadow, then
