@@ -1,9 +1,10 @@
 """The ingest worker: device reports from the broker, validated, batched into a sink.
 
 One MQTT 5 session (:class:`agent.kernel.mqtt.MqttSession`, manual acknowledgement)
-subscribes to every device's state, heartbeat, telemetry (health too), decisions, events
-and install state, through ``$share/<group>/...`` when a group is given, so that workers
-of one group share the load and each message reaches one of them.
+subscribes to every device's state, heartbeat, telemetry (health too), decisions, events,
+install state and quality (shadow comparisons, drift buckets), through
+``$share/<group>/...`` when a group is given, so that workers of one group share the
+load and each message reaches one of them.
 
 Messages are acknowledged by hand, after the sink has stored them: a worker that dies
 before storing leaves them unacknowledged and the broker delivers them again (to the
