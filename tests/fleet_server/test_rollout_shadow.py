@@ -6,6 +6,7 @@ within budget; a disagreeing candidate stops the rollout with nothing switched."
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,3 +308,28 @@ def test_a_stored_rollout_from_before_the_shadow_fields_still_loads_and_steps() 
 
 def _ids(n: int) -> list[str]:
     return [d.device_id for d in _devices(n)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_shadow_rollouts_never_switch_a_device_before_its_waves_shadow_passed(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 12)
+    ids = _ids(n)
+    f = _fleet(n, _spec(waves=rng.choice(["1,100%", "1,50%,100%", "2,100%"]), shadow="1h"))
+    rate = rng.choice([1.0, 0.998, 0.995, 0.9])
+    f.agreement = {d: rate if rng.random() < 0.9 else 0.7 for d in ids}
+    f.shadow_fails = {d for d in ids if rng.random() < 0.03}
+    f.run_shadow(per_tick=rng.choice([20, 100, 400]), dt=rng.choice([60.0, 600.0]))
+    for d in ids:
+        modes = f.directives(d)
+        assert modes in ([], [MODE_SHADOW], [MODE_SHADOW, MODE_ACTIVE]), (d, modes)
+        wave = f.r.devices[d].wave
+        if MODE_ACTIVE in modes:
+            assert wave is not None
+            assert f.r.waves[wave].shadow_passed_at is not None
+    if f.r.phase is Phase.ROLLING_BACK and "shadow" in f.r.reason:
+        failed = f.r.waves[f.r.wave].devices
+        assert all(MODE_ACTIVE not in f.directives(d) for d in failed)
+        assert set(failed) <= set(f.reverts())
