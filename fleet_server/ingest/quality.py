@@ -20,16 +20,15 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.wire.codec import parse_quality
 from agent.wire.messages import MessageError
 from agent.wire.quality import DriftHour, ShadowBatch, ShadowRecord
 
 if TYPE_CHECKING:
-    from fleet_server.ingest.batch import Batch
     from fleet_server.repository import PublishedBundle
 
 log = logging.getLogger(__name__)
@@ -97,6 +96,18 @@ def unknown_reason(item: QualityItem) -> str:
         f"{item.name()}: {side} {model} {version} is unknown for device {device_id} "
         "(no decision of it from this device, and not a published bundle version)"
     )
+
+
+class Batch(Protocol):
+    """What :func:`add_quality` needs of :class:`fleet_server.ingest.batch.Batch` (a
+    protocol: the batch imports this module)."""
+
+    shadow: list[ShadowItem]
+    drift: list[DriftItem]
+
+    def put_item(
+        self, kind: str, record: Any, times: Sequence[tuple[str, float]], name: str
+    ) -> bool: ...
 
 
 def add_quality(batch: Batch, device_id: str, payload: bytes, max_bytes: int) -> None:
