@@ -18,6 +18,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from fleet_server.db._tx import Bind, reading
 from fleet_server.db.tables import shadow_results
 
 RightModel = Literal["live", "candidate", "both", "neither"]
@@ -150,14 +151,16 @@ def shadow_comparison(
 
 
 def shadow_outcomes(
-    conn: Connection, keys: Collection[tuple[str, str]]
+    bind: Bind, keys: Collection[tuple[str, str]]
 ) -> dict[tuple[str, str], ShadowComparison]:
     """The shadow records of these (device id, decision id) decisions that have one (one
-    query on the ids, the pairs kept)."""
+    query on the ids, the pairs kept): a list page's rows."""
     if not keys:
         return {}
     t = shadow_results
     wanted = set(keys)
     query = sa.select(t).where(t.c.decision_id.in_(sorted({i for _, i in wanted})))
-    found = {(str(r.device_id), str(r.decision_id)): r._mapping for r in conn.execute(query)}
+    with reading(bind) as conn:
+        rows = [r._mapping for r in conn.execute(query)]
+    found = {(str(m["device_id"]), str(m["decision_id"])): m for m in rows}
     return {k: comparison_of(m) for k, m in found.items() if k in wanted}

@@ -33,7 +33,6 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
 from fleet_server.auth.deps import Principal
-from fleet_server.db._tx import reading
 from fleet_server.review import (
     DEFAULT_LIMIT,
     BadReview,
@@ -133,8 +132,7 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         keys = [(r.device_id, r.id) for r in page.rows]
         outputs = queries.decision_outputs(engine, keys)
         images = image_sizes_by_device(engine, keys)
-        with reading(engine) as conn:
-            shadows = shadow_outcomes(conn, keys)
+        shadows = shadow_outcomes(engine, keys)
         thumbs = [
             draw(
                 boxes_of(outputs.get((r.device_id, r.id))),
