@@ -18,6 +18,7 @@ from agent.directives.host import RunningAgent
 from agent.directives.link import Report, apply_directive, make_client
 from agent.enrollment.identity import Identity
 from agent.installer import Installer
+from agent.installer.errors import InstallError
 from agent.kernel.mqtt import MqttSession, SessionOptions
 from agent.update.fetchers import MqttFetcher
 from agent.uplink.session import fleet_session
@@ -68,6 +69,7 @@ class DirectivesService:
         self.state_dir: Path = agent.state_dir
         self.reports: list[Report] = []
         self._pending: bytes | None = None
+        self._cleared = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -111,8 +113,11 @@ class DirectivesService:
             self.session.stop(timeout_s)
 
     def _on_message(self, msg: mqtt.MQTTMessage) -> None:
-        if not msg.payload:  # the fleet cleared the retained directive: nothing to do
+        if not msg.payload:  # the fleet cleared the retained directive
             log.info("directive cleared on %s", msg.topic)
+            with self._lock:
+                self._cleared, self._pending = True, None
+            self._wake.set()
             return
         with self._lock:
             self._pending = bytes(msg.payload)  # only the newest directive matters
@@ -124,6 +129,9 @@ class DirectivesService:
             self._wake.clear()
             with self._lock:
                 directive, self._pending = self._pending, None
+                cleared, self._cleared = self._cleared, False
+            if cleared and not self._stop.is_set():
+                self._end_shadows()
             if directive is None or self._stop.is_set():
                 continue
             try:
@@ -139,6 +147,34 @@ class DirectivesService:
             )
             if not delivery.queued:
                 log.error("install report not sent: %s", mqtt.error_string(delivery.rc))
+
+    def _end_shadows(self) -> None:
+        """The fleet cleared the directive (it reverts a device that ran no signed bundle
+        before): no candidate runs without a directive naming it, so every shadow slot is
+        emptied. Nothing that acts changes; the report (outcome ``removed``) tells the
+        companion, which republishes the state."""
+        for d in sorted(p for p in self.installer.root.glob("*") if p.is_dir()):
+            try:
+                removed = self.installer.clear_shadow(d.name)
+            except InstallError as e:
+                log.error("the shadow slot of %s was not emptied: %s", d.name, e.reason)  # noqa: TRY400
+                continue
+            if removed is None:
+                continue
+            log.info("directive cleared: shadow %s release %d removed", d.name, removed.release)
+            report: Report = {
+                "outcome": "removed",
+                "mode": "shadow",
+                "step": "shadow",
+                "bundle": d.name,
+                "release": removed.release,
+                "version": removed.version,
+                "reason": "the fleet cleared the directive",
+            }
+            self.reports.append(report)
+            if self.on_report is not None:
+                self.on_report(report)
+        self.agent.reload_if_changed()
 
     def apply(self, directive: bytes) -> Report:
         # Fetches go through the directives' session: one connection to the broker.

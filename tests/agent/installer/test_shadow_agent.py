@@ -44,7 +44,7 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[KeyStore, Re
     keys = KeyStore.create(tmp_path / "keys", root_keys=1, root_threshold=1)
     repo = Repository(tmp_path / "repo")
     repo.init(keys)
-    for release in (1, 2):
+    for release in (1, 2, 3):
         b = make_bundle(tmp_path, name="cls", version=f"1.{release}.0", release=release)
         repo.publish(b.path, keys)
     return keys, repo
@@ -151,5 +151,22 @@ def test_a_shadow_directive_reaches_the_running_pipelines_and_a_switch_ends_it(
         with lock:
             n = len(versions)
         assert _wait(lambda: versions[n:].count("1.2.0") >= 3, 20), "not deciding with 1.2.0"
+
+        # a candidate again; then the fleet clears the directive (the revert of a device
+        # that ran no signed bundle before): no candidate runs without a directive
+        shadow = issue_directive(repo, keys, DEVICE, PROFILE, "cls", 3, mode="shadow")
+        _publish_retained(mosquitto, topic, shadow)
+        assert report(4)["mode"] == "shadow"
+        assert _wait(lambda: "p" in agent.pipelines.shadows, 20), "the shadow never started"
+        _publish_retained(mosquitto, topic, b"")
+        fifth = report(5)
+        assert (fifth["outcome"], fifth["release"]) == ("removed", 3), fifth
+        assert shadow_bundle(state, "cls") is None
+        assert _wait(lambda: "p" not in agent.pipelines.shadows, 20), "the shadow kept running"
+        with lock:
+            n = len(versions)
+        assert _wait(lambda: len(versions) > n + 5, 20), "the live pipeline stopped deciding"
+        with lock:
+            assert set(versions[n:]) == {"1.2.0"}
     finally:
         agent.stop()
