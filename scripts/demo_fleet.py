@@ -9,9 +9,12 @@ signed model rolled out to them in waves, every step printed.
 3. two agents (cam-a, cam-b) enrolled with one-time tokens (``fleetctl devices enroll``,
    ``edge-agent enroll``), each deciding on its own looped video; rejects go to a local
    Mosquitto for the robot;
-4. ``fleetctl rollouts create --bundle text-det@4.0.1 --waves 1,100%``: the fleet signs a
-   directive for cam-a, which verifies, installs, health-checks and commits it, then
-   cam-b; ``fleetctl rollouts status`` and ``fleetctl devices list`` show it;
+4. ``fleetctl rollouts create --bundle text-det@4.0.1 --waves 1,100% --shadow 90s``: each
+   wave first runs the candidate in the device's shadow slot beside the live model on a
+   sampled share of the frames (never acting), and switches only when the pooled
+   agreement's Wilson lower bound reaches ``--min-agreement``; then the fleet signs the
+   switch for cam-a, which verifies, installs, health-checks and commits it, then cam-b;
+   the agreement, ``fleetctl rollouts status`` and ``fleetctl devices list`` are printed;
 5. a decision of cam-a as the fleet's review API has it, with the thumbnail the agent
    uploaded (what the console's decision page shows);
 6. the decisions each agent logged, before and after its switch.
@@ -40,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BIN = Path(sys.executable).parent
 AGENTS = ("cam-a", "cam-b")
+SHADOW_MIN = 40
+"""Shadow frames a wave needs before its agreement is judged (10 fps, half sampled)."""
 
 AGENT_CONFIG = """[agent]
 device_id = "{device}"
@@ -84,6 +89,9 @@ enabled = true
 [bundles]
 enabled = true
 installer = {{ health_window_s = 3.0, benchmark_runs = 5 }}
+
+[shadow]
+sample = 0.5                             # half the frames also go to a shadow candidate
 
 [[actions.actions]]
 name = "robot"
@@ -251,6 +259,12 @@ def main() -> int:
                 "1,100%",
                 "--soak",
                 "3s",
+                "--shadow",
+                "90s",
+                "--shadow-min",
+                str(SHADOW_MIN),
+                "--min-agreement",
+                "0.9",
                 "--policy",
                 str(policy),
                 "--json",
@@ -259,11 +273,13 @@ def main() -> int:
         rid = created["rollout_id"]
         print(
             f"== fleetctl rollouts create --bundle text-det@4.0.1 --select line=1 "
-            f"--waves 1,100% --soak 3s  -> {rid}",
+            f"--waves 1,100% --soak 3s --shadow 90s --shadow-min {SHADOW_MIN} "
+            f"--min-agreement 0.9  -> {rid}",
             flush=True,
         )
         last = None
-        for _ in range(240):
+        shown: tuple[object, object] | None = None
+        for _ in range(360):
             status = json.loads(fleetctl(env, "rollouts", "status", rid, "--json"))
             now = (status["phase"], status["wave"], json.dumps(status.get("counts", {})))
             if now != last:
@@ -271,6 +287,16 @@ def main() -> int:
                     f"   {status['phase']:<10} wave {status['wave']}  devices {now[2]}", flush=True
                 )
                 last = now
+            gate = status.get("gate") or {}
+            seen = (status["wave"], gate.get("shadow_n"))
+            if gate.get("shadow_n") and seen != shown:
+                shown = seen
+                print(
+                    f"   shadow: {gate['shadow_agree']} of {gate['shadow_n']} sampled frames "
+                    f"agree ({gate['shadow_agreement']:.3f}; Wilson 95 % lower bound "
+                    f"{gate['shadow_lower']:.3f}, needed 0.9)",
+                    flush=True,
+                )
             if status["phase"] in (
                 "completed",
                 "completed_partial",
