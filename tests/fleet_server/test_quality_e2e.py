@@ -408,5 +408,7 @@ def test_a_darker_video_raises_drift_for_its_line_only(fleet: Fleet) -> None:
     (item,) = [i for i in _drift(fleet, "1") if i["model_version"] == "1.1.0"]
     assert item["histograms"]["brightness"]["psi"] > 0.25, item
     assert not any(i["drifted"] for i in _drift(fleet, "2"))
+    # the API judges on request; the drift job (every 2 s here) writes the event
+    _wait(lambda: bool(_drift_events(fleet)), 30, "the drift event")
     events = _drift_events(fleet)
     assert [e["payload"]["line"] for e in events] == ["1"], events
