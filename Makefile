@@ -12,14 +12,20 @@ venv: $(STAMP)
 # A fresh Debian/Ubuntu may lack the venv module: install python3-venv then.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-$(STAMP): pyproject.toml
+# The tests run on the versions the Debian packages pin (packaging/deb/requirements-*.txt,
+# hashes dropped for pip's constraints), so what is tested is what ships.
+CONSTRAINTS := $(VENV)/constraints.txt
+PINS := packaging/deb/requirements-agent.txt packaging/deb/requirements-server.txt
+
+$(STAMP): pyproject.toml $(PINS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  rm -rf $(VENV); \
 	  echo "python venv module missing: installing python3-venv"; \
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && \
 	  $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\).*/\1/p' $(PINS) | sort -u > $(CONSTRAINTS)
+	$(PY) -m pip install --quiet -e '.[dev]' -c $(CONSTRAINTS)
 	@touch $@
 
 # Debian packages the agent and its tests run for real: Mosquitto (the local broker the

@@ -9,6 +9,7 @@ installs iproute2), fails them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -22,8 +23,14 @@ from hil import netns, shell
 from hil.device import RunningProc
 from hil.sim import SimDevice
 
-TEST_BRIDGE = "efhil-tbr"
-FIRST_INDEX = 150  # hil run numbers its devices from 0
+# `make test` runs the test files in several pytest-xdist workers at once: each worker has
+# a bridge and a slice of device indexes of its own, so one worker's session can't delete
+# another's LAN (``hil run`` numbers its devices from 0; 197-199 are fixed in tests).
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+TEST_BRIDGE = f"efhil-tbr{WORKER}"
+SLICE = 10
+FIRST_INDEX = 150 + SLICE * (WORKER % 4)
+SUBNET_LOCK = Path("/run/lock/efhil-test-subnet.lock")
 
 
 @pytest.fixture(scope="session")
@@ -34,21 +41,24 @@ def lan() -> Iterator[netns.Lan]:
             pytest.skip(f"network namespaces need root (CAP_NET_ADMIN); uid {os.geteuid()}: {why}")
         pytest.fail(f"root can't make network namespaces here: {why}")
     shell.run(["ip", "link", "del", TEST_BRIDGE], check=False)  # an earlier session's
-    net = netns.Lan(netns.pick_subnet(), name=TEST_BRIDGE)
-    net.create()
+    SUBNET_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with SUBNET_LOCK.open("w") as lock:  # two workers must not pick the same free /24
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        net = netns.Lan(netns.pick_subnet(), name=TEST_BRIDGE)
+        net.create()
     try:
         yield net
     finally:
         net.destroy()
 
 
-_next = iter(range(FIRST_INDEX, netns.MAX_DEVICES))
+_free = list(range(FIRST_INDEX, FIRST_INDEX + SLICE))
 
 
 @pytest.fixture
 def sim(lan: netns.Lan, tmp_path: Path) -> Iterator[SimDevice]:
     """A device namespace on the LAN (no broker, no agent: tests start what they need)."""
-    index = next(_next)
+    index = _free.pop(0)
     netns.cleanup_stale([f"{netns.PREFIX}-{index}"])  # an earlier session's
     dev = SimDevice(f"t{index}", lan, index, tmp_path)
     Path(dev.home).mkdir(parents=True)
@@ -57,6 +67,7 @@ def sim(lan: netns.Lan, tmp_path: Path) -> Iterator[SimDevice]:
         yield dev
     finally:
         dev.teardown()
+        _free.append(index)
 
 
 def serve_in(dev: SimDevice, code: str, name: str) -> RunningProc:
