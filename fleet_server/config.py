@@ -25,6 +25,7 @@ from fleet_server.broker import MosquittoConfig
 from fleet_server.broker.identity import guessable_group
 from fleet_server.db import sqlite_url
 from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
+from fleet_server.retention.config import RetentionSection
 
 DEFAULT_CONFIG = "/etc/edgefleet/fleet.toml"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -145,11 +146,55 @@ class ExternalBroker(Section):
     key: Path = Field(description="Its private key (PEM, unencrypted, mode 0600).")
 
 
+_SHARD_NAME = r"^[a-z0-9][a-z0-9-]{0,31}$"
+
+
+class BrokerShard(Section):
+    """One more MQTT broker of the fleet (``[[broker.shards]]``). The main broker
+    (``[broker]``) is shard ``main``; each device is given one shard at enrollment."""
+
+    name: str = Field(pattern=_SHARD_NAME, description="The shard's name ('main' is taken).")
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Managed fleet: the TLS port of this shard's Mosquitto, on the main "
+        "broker's host.",
+    )
+    external: ExternalBroker | None = Field(
+        None, description="External fleet: this shard's broker (as [broker.external])."
+    )
+    advertise_host: str | None = Field(
+        None, description="Host devices on this shard are told (default: the main one's)."
+    )
+    advertise_port: int | None = Field(
+        None, ge=1, le=65535, description="Port devices on this shard are told."
+    )
+    sites: list[str] = Field(
+        default_factory=list,
+        description="Values of the device label [broker] shard_label that put a device "
+        "on this shard at enrollment; devices of no listed site are spread by a hash of "
+        "their id.",
+    )
+
+
 class BrokerSection(Section):
     """The fleet's MQTT broker: a managed Mosquitto, or an external broker."""
 
     managed: bool = Field(
         True, description="Run Mosquitto as a child process (else use [broker.external])."
+    )
+    run: bool = Field(
+        True,
+        description="Managed fleet: this process starts the Mosquitto children. Several "
+        "replicas set run = false and connect to the brokers `fleet-server brokers` runs.",
+    )
+    shards: list[BrokerShard] = Field(
+        default_factory=list,
+        description="More brokers beside the main one (shard 'main'); see docs/scaling.md.",
+    )
+    shard_label: str = Field(
+        "site", description="The device label whose value picks a shard by its sites."
     )
     mosquitto: MosquittoConfig = Field(
         default_factory=MosquittoConfig,
@@ -347,6 +392,39 @@ class DriftSection(Section):
     )
 
 
+class ClusterSection(Section):
+    """Replicas of the fleet server on one PostgreSQL (docs/scaling.md): the leader runs
+    the rollout reconciler, the drift job and retention."""
+
+    replica_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="This replica's name in `fleet-server status` (default: host-pid).",
+    )
+    lease_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="The leader acts only within this many seconds of its last confirmed "
+        "hold of the lock; a new leader waits this long before it acts.",
+    )
+    renew_s: float = Field(
+        1.0, gt=0, le=60, description="Seconds between the leader's checks of its lock."
+    )
+    poll_s: float = Field(
+        1.0, gt=0, le=60, description="Seconds between a follower's tries to take the lock."
+    )
+    report_s: float = Field(
+        2.0, gt=0, le=300, description="Seconds between two reports of a replica's state."
+    )
+
+    @model_validator(mode="after")
+    def _lease_outlasts_renewals(self) -> ClusterSection:
+        if self.lease_s < 2 * self.renew_s:
+            raise ValueError(f"lease_s {self.lease_s} must be at least 2 x renew_s")
+        return self
+
+
 class FleetServerConfig(Section):
     """The whole fleet server configuration file."""
 
@@ -364,6 +442,10 @@ class FleetServerConfig(Section):
     ingest: IngestSection = Field(default_factory=IngestSection, description="Ingest.")
     rollouts: RolloutsSection = Field(default_factory=RolloutsSection, description="Rollouts.")
     drift: DriftSection = Field(default_factory=DriftSection, description="Drift.")
+    cluster: ClusterSection = Field(default_factory=ClusterSection, description="Replicas.")
+    retention: RetentionSection = Field(
+        default_factory=RetentionSection, description="Retention budgets per table."
+    )
     auth: AuthSection = Field(default_factory=AuthSection, description="Sign-in sessions.")
 
     @property

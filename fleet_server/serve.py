@@ -33,6 +33,7 @@ from fleet_server.api.app import create_app
 from fleet_server.api.context import BrokerEndpoint, ServerContext
 from fleet_server.broker import ManagedBroker, MosquittoConfig, identity
 from fleet_server.ca import FleetCA
+from fleet_server.cluster import open_cluster
 from fleet_server.config import FleetServerConfig
 from fleet_server.db import open_database
 from fleet_server.errors import FleetError
@@ -285,6 +286,9 @@ class FleetServer:
         token = self._operator_token()
         engine = open_database(cfg.database_url)
         self._stops.append(("database", engine.dispose))
+        cluster = open_cluster(cfg, engine)
+        cluster.start()
+        self._stops.append(("cluster", cluster.stop))
         passphrases = Passphrases(cfg.server.passphrase_name)
         ca = self._open_ca(passphrases)
         crl_within = timedelta(seconds=cfg.ca.crl_refresh_before_s)
@@ -307,6 +311,7 @@ class FleetServer:
             broker=endpoint,
             managed_broker=self._broker,
             operator_token=token,
+            leader=cluster.leadership,
         )
         self._ctx = ctx
         for factory in self._factories:

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from fleet_server.api.ports import RolloutOps
 from fleet_server.broker import ManagedBroker
 from fleet_server.ca import FleetCA
+from fleet_server.cluster import Leadership, SingleReplica
 from fleet_server.config import FleetServerConfig
 from fleet_server.health import HealthRegistry
 from fleet_server.repository import KeyStore, Repository
@@ -50,6 +51,8 @@ class ServerContext:
     rollouts: RolloutOps | None = None
     operator_token: str | None = None
     health: HealthRegistry = field(default_factory=HealthRegistry)
+    leader: Leadership = field(default_factory=lambda: SingleReplica("single"))
+    """Whether this replica leads (leader-only jobs ask it; rollout saves are fenced)."""
     _broker_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reload_broker(self) -> bool:

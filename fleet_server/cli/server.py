@@ -23,8 +23,10 @@ from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
 from fleet_server.cli.setup import add_parser as add_setup_parser
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
+from fleet_server.jobs import DriftRunner, RolloutRunner
+from fleet_server.retention.runner import RetentionRunner
 from fleet_server.serve import FleetServer, ServiceFactory
-from fleet_server.services import DriftRunner, FileService, IngestService, RolloutRunner
+from fleet_server.services import FileService, IngestService
 
 EXIT_ERROR = 2
 EXIT_PART_DIED = 1
@@ -41,10 +43,10 @@ log = logging.getLogger(__name__)
 
 def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     """The services ``serve`` starts with the server: the ingest workers, the file
-    server, the rollout service (which also answers the API's rollout endpoints) and the
-    drift job."""
+    server, the rollout service (which also answers the API's rollout endpoints), the
+    drift job, and retention."""
     del config
-    return [IngestService, FileService, RolloutRunner, DriftRunner]
+    return [IngestService, FileService, RolloutRunner, DriftRunner, RetentionRunner]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -55,10 +55,12 @@ devices = sa.Table(
     sa.Column("revoked", sa.Boolean, nullable=False),
     sa.Column("reported_profile", sa.Text),
     sa.Column("reported_labels", json_type()),
+    sa.Column("shard", sa.Text),
 )
 """``labels`` and ``profile`` are set by enrollment and operators only, and are what
 rollout selectors and signed directives use; ``reported_profile`` and
-``reported_labels`` are what the device last said of itself (shown, never used)."""
+``reported_labels`` are what the device last said of itself (shown, never used). ``shard`` is the broker the
+device was given at enrollment (NULL: the main broker, as before migration 0007)."""
 
 enrollment_tokens = sa.Table(
     "enrollment_tokens",
@@ -350,3 +352,29 @@ operator pinned (``pin_start``..``pin_end``, NULL = the default first hours), an
 last verdict of the drift job (``drifted``, since ``changed_at``; ``result`` the last
 report), so that an event is emitted once per crossing and the console shows a badge
 without recomputing."""
+
+cluster_leader = sa.Table(
+    "cluster_leader",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("acquired_at", TS, nullable=False),
+)
+"""One row per leader-only role (``rollouts``): the fencing ``epoch`` of the current term,
+raised by each replica that takes the lead; a rollout save checks it in its transaction."""
+
+cluster_replicas = sa.Table(
+    "cluster_replicas",
+    metadata,
+    sa.Column("replica_id", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.BigInteger, nullable=False),
+    sa.Column("started_at", TS, nullable=False),
+    sa.Column("seen_at", TS, nullable=False),
+    sa.Column("leader", sa.Boolean, nullable=False),
+    sa.Column("epoch", sa.BigInteger),
+    sa.Column("info", json_type()),
+)
+"""Each replica's last report (every ``[cluster] report_s``): whether it leads, and
+``info`` (ingest rate per worker, version) for ``fleet-server status``."""

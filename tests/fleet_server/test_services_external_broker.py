@@ -11,9 +11,10 @@ import pytest
 
 from fleet_server.broker import ManagedBroker, MosquittoConfig, identity
 from fleet_server.ca import FleetCA
+from fleet_server.jobs import RolloutRunner
 from fleet_server.repository import Passphrases
 from fleet_server.serve import FleetServer
-from fleet_server.services import FileService, IngestService, RolloutRunner
+from fleet_server.services import FileService, IngestService
 from tests.fleet_server.fleet_api_support import (
     OPERATOR_TOKEN,
     PASSPHRASE,

@@ -1,0 +1,2 @@
+"""Retention: each table of the fleet database keeps what its budget (age, rows) allows,
+pruned in batches by the leader (docs/retention.md)."""
