@@ -46,6 +46,8 @@ class Device:
     """The profile the device last reported (not used for anything but showing)."""
     reported_labels: dict[str, str] | None = None
     """The labels the device last reported (not used for anything but showing)."""
+    shard: str | None = None
+    """The broker shard given at enrollment (None: the main broker)."""
 
 
 def _check_labels(device_id: str, labels: Mapping[str, str]) -> dict[str, str]:
