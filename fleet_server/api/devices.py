@@ -39,7 +39,7 @@ WRITE = [require("devices:write")]
 
 def device_out(device: Device) -> DeviceOut:
     """The API form of a registry row."""
-    return DeviceOut(**dataclasses.asdict(device))
+    return DeviceOut(**{**dataclasses.asdict(device), "shard": device.shard or "main"})
 
 
 def _record(r: Record) -> RecordOut:

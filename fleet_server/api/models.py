@@ -78,6 +78,7 @@ class DeviceOut(ApiModel):
         description="The labels the device last reported of itself (shown only; "
         "selectors use labels).",
     )
+    shard: str = Field("main", description="The broker shard the device was given at enrollment.")
 
 
 class RecordOut(ApiModel):
