@@ -20,33 +20,33 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import timedelta
 from types import TracebackType
 from typing import Protocol
 
 import uvicorn
-from cryptography import x509
 
 from agent.kernel.secrets import read_secret
 from fleet_server.api.app import create_app
 from fleet_server.api.context import BrokerEndpoint, ServerContext
-from fleet_server.broker import ManagedBroker, MosquittoConfig, identity
+from fleet_server.broker import identity
+from fleet_server.broker.certs import RENEW_BEFORE, ensure_cert
+from fleet_server.broker.fleet import BrokerSet, advertise_host
+from fleet_server.broker.slots import claim_slot
 from fleet_server.ca import FleetCA
-from fleet_server.cluster import open_cluster
-from fleet_server.config import FleetServerConfig
+from fleet_server.cluster import open_cluster, replica_name
+from fleet_server.config import MAIN_SHARD, FleetServerConfig
 from fleet_server.db import open_database
 from fleet_server.errors import FleetError
 from fleet_server.repository import KeyStore, Passphrases, Repository
-from fleet_server.repository._files import make_dirs, write_durable
+from fleet_server.repository._files import make_dirs
 
 __all__ = ["FleetServer", "ServeError", "ServerContext", "Service", "ServiceFactory"]
 
 log = logging.getLogger(__name__)
 
 API_START_TIMEOUT_S = 15.0
-RENEW_BEFORE = timedelta(days=30)
-"""Certificates of the broker and the fleet server are reissued this long before expiry."""
+__all__ += ["RENEW_BEFORE"]  # where it was first defined; now fleet_server.broker.certs
 CRL_CHECK_S = 600.0
 _POLL_S = 0.02
 
@@ -75,52 +75,6 @@ class Service(Protocol):
 
 ServiceFactory = Callable[[ServerContext], Service]
 """Builds a service from the running context (it may attach ``ctx.rollouts``)."""
-
-
-def _cert_needs_renewal(path: Path, ca: FleetCA, ips: Sequence[str], dns: Sequence[str]) -> str:
-    """Why the certificate at ``path`` must be reissued ("" when it is fine)."""
-    try:
-        cert = x509.load_pem_x509_certificate(path.read_bytes())
-    except FileNotFoundError:
-        return "missing"
-    except (OSError, ValueError) as exc:
-        return f"unreadable ({exc})"
-    if cert.issuer != ca.certificate().subject:
-        return "issued by another CA"
-    if cert.not_valid_after_utc - datetime.now(timezone.utc) < RENEW_BEFORE:
-        return f"expires {cert.not_valid_after_utc:%Y-%m-%d}"
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        san = x509.SubjectAlternativeName([])
-    have = {str(a) for a in san.get_values_for_type(x509.IPAddress)}
-    have |= set(san.get_values_for_type(x509.DNSName))
-    wanted = {str(ipaddress.ip_address(a)) for a in ips} | set(dns)
-    missing = wanted - have
-    return f"does not name {sorted(missing)}" if missing else ""
-
-
-def _save_identity(key_file: Path, cert_file: Path, key_pem: bytes, cert_pem: bytes) -> None:
-    try:
-        make_dirs(key_file.parent, mode=0o700)
-        make_dirs(cert_file.parent, mode=0o700)
-        write_durable(key_file, key_pem, mode=0o600)
-        write_durable(cert_file, cert_pem, mode=0o644)
-    except OSError as exc:
-        raise ServeError("identity", f"cannot write {cert_file}: {exc}") from exc
-
-
-def _split_hosts(hosts: Sequence[str]) -> tuple[list[str], list[str]]:
-    ips, dns = ["127.0.0.1", "::1"], ["localhost"]
-    for host in hosts:
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            dns.append(host)
-            continue
-        if not ip.is_unspecified:
-            ips.append(str(ip))
-    return sorted(set(ips)), sorted(set(dns))
 
 
 class _ApiThread:
@@ -224,7 +178,7 @@ class FleetServer:
         self._stops: list[tuple[str, Callable[[], None]]] = []
         self._ctx: ServerContext | None = None
         self._api: _ApiThread | None = None
-        self._broker: ManagedBroker | None = None
+        self._brokers: BrokerSet | None = None
 
     @property
     def context(self) -> ServerContext:
@@ -255,8 +209,8 @@ class FleetServer:
         """Why the running server is no longer whole (None while it is)."""
         if self._api is not None and not self._api.thread.is_alive():
             return "the HTTP API stopped"
-        if self._broker is not None and not self._broker.running:
-            return "mosquitto exited: " + " | ".join(self._broker.log_tail()[-3:])
+        if self._brokers is not None:
+            return self._brokers.problem()
         return None
 
     def start(self) -> None:
@@ -294,11 +248,18 @@ class FleetServer:
         crl_within = timedelta(seconds=cfg.ca.crl_refresh_before_s)
         if ca.crl_due(crl_within):
             ca.write_crl()
-        endpoint, broker_cfg = self._identities(ca)
-        if broker_cfg is not None:
-            self._broker = ManagedBroker(broker_cfg, services=self._services())
-            self._broker.start()
-            self._stops.append(("broker", self._broker.stop))
+        slot = 0
+        if cfg.broker.managed:
+            claimed = claim_slot(cfg.state_dir, cfg.broker.replica_slots, replica_name(cfg))
+            self._stops.append(("replica slot", claimed.release))
+            slot = claimed.index
+        endpoints = self._identities(ca, slot)
+        if cfg.broker.managed and cfg.broker.run:
+            self._brokers = BrokerSet(cfg, ca)
+            self._brokers.issue_certs()
+            self._brokers.start()
+            self._stops.append(("brokers", self._brokers.stop))
+        managed = dict(self._brokers.brokers) if self._brokers is not None else {}
         repo = Repository(cfg.repository_path)
         if not repo.initialized():
             log.warning("no bundle repository in %s: enrollment answers 503", repo.path)
@@ -308,12 +269,16 @@ class FleetServer:
             ca=ca,
             repository=repo,
             keystore=KeyStore(cfg.keystore_path, passphrases),
-            broker=endpoint,
-            managed_broker=self._broker,
+            broker=endpoints[MAIN_SHARD],
+            brokers=endpoints,
+            managed_broker=managed.get(MAIN_SHARD),
+            managed_brokers=managed,
+            slot=slot,
             operator_token=token,
             leader=cluster.leadership,
         )
         self._ctx = ctx
+        cluster.attach(ctx.health)  # replica reports: ingest rates, the cluster probe
         for factory in self._factories:
             service = factory(ctx)
             service.start()
@@ -324,7 +289,11 @@ class FleetServer:
         self._api = _ApiThread(ctx)
         self._api.start()
         self._stops.append(("api", self._api.stop))
-        log.info("fleet server ready: API %s, broker %s:%d", self.url, endpoint.host, endpoint.port)
+        log.info(
+            "fleet server ready: API %s, brokers %s",
+            self.url,
+            ", ".join(f"{n} {e.host}:{e.port}" for n, e in endpoints.items()),
+        )
 
     def _operator_token(self) -> str | None:
         name = self.config.http.operator_token_env
@@ -346,54 +315,63 @@ class FleetServer:
         log.info("creating the fleet CA in %s", ca.path)
         return FleetCA.create(ca.path, passphrases=passphrases)
 
-    def _identities(self, ca: FleetCA) -> tuple[BrokerEndpoint, MosquittoConfig | None]:
-        """The fleet server's MQTT identity, and the managed broker's certificate."""
+    def _identities(self, ca: FleetCA, slot: int) -> dict[str, BrokerEndpoint]:
+        """Every shard's endpoint (``main`` first); on a managed fleet, the fleet
+        server's MQTT identity and replica slot ``slot``'s service identities are issued
+        when missing, expiring or no longer from this CA."""
         cfg = self.config
         b = cfg.broker
-        host, port = b.listen_host(), b.listen_port()
-        advertise = b.advertise_host or host
         if b.external is not None:
             ext = b.external
-            endpoint = BrokerEndpoint(
-                host, port, ext.ca, ext.cert, ext.key, advertise, b.advertise_port or port
+            main = BrokerEndpoint(
+                ext.host,
+                ext.port,
+                ext.ca,
+                ext.cert,
+                ext.key,
+                b.advertise_host or ext.host,
+                b.advertise_port or ext.port,
             )
-            return endpoint, None
+            endpoints = {MAIN_SHARD: main}
+            for shard in b.shards:
+                if shard.external is None:
+                    continue  # the config refuses it; for the type checker
+                e = shard.external
+                endpoints[shard.name] = BrokerEndpoint(
+                    e.host,
+                    e.port,
+                    e.ca,
+                    e.cert,
+                    e.key,
+                    shard.advertise_host or e.host,
+                    shard.advertise_port or e.port,
+                )
+            return endpoints
         key_file = cfg.identity_dir / "fleet-server.key"
         cert_file = cfg.identity_dir / "fleet-server.crt"
-        why = _cert_needs_renewal(cert_file, ca, (), ())
-        if why:
-            log.info("issuing the fleet server's MQTT identity (%s)", why)
-            key_pem, issued = ca.issue_service()
-            _save_identity(key_file, cert_file, key_pem, issued.cert_pem)
-        for service in self._services():
+        ensure_cert(ca, key_file, cert_file, "the fleet server's MQTT identity", ca.issue_service)
+        for service in identity.services_for(cfg.ingest.workers, slot):
             self._service_identity(ca, service)
-        mq = cfg.mosquitto_config()
-        ips, dns = _split_hosts([mq.host, advertise])
-        why = _cert_needs_renewal(mq.certfile, ca, ips, dns)
-        if why:
-            log.info("issuing the broker's server certificate (%s)", why)
-            key_pem, issued = ca.issue_server(dns_names=dns, ip_addresses=ips)
-            _save_identity(mq.keyfile, mq.certfile, key_pem, issued.cert_pem)
-        connect = "127.0.0.1" if ipaddress.ip_address(_as_ip(mq.host)).is_unspecified else mq.host
-        endpoint = BrokerEndpoint(
-            connect, port, ca.cert_path, cert_file, key_file, advertise, b.advertise_port or port
-        )
-        return endpoint, mq
-
-    def _services(self) -> list[str]:
-        """The fleet services that connect to the managed broker, each as itself."""
-        return identity.services_for(self.config.ingest.workers)
+        endpoints = {}
+        for name, mq in cfg.shard_mosquitto_configs().items():
+            advertised = b.advertise_port if name == MAIN_SHARD else b.shard(name).advertise_port
+            endpoints[name] = BrokerEndpoint(
+                _connect_host(mq.host),
+                mq.port,
+                ca.cert_path,
+                cert_file,
+                key_file,
+                advertise_host(cfg, name),
+                advertised or mq.port,
+            )
+        return endpoints
 
     def _service_identity(self, ca: FleetCA, service: str) -> None:
         """Issue service ``service``'s certificate (CN ``fleet:<service>``) when missing,
         expiring or no longer from this CA."""
         cert_file, key_file = identity.identity_paths(self.config.identity_dir, service)
-        why = _cert_needs_renewal(cert_file, ca, (), ())
-        if why:
-            cn = identity.service_cn(service)
-            log.info("issuing the MQTT identity %s (%s)", cn, why)
-            key_pem, issued = ca.issue_service(cn)
-            _save_identity(key_file, cert_file, key_pem, issued.cert_pem)
+        cn = identity.service_cn(service)
+        ensure_cert(ca, key_file, cert_file, f"the MQTT identity {cn}", lambda: ca.issue_service(cn))
 
     def stop(self) -> None:
         """Stop every started part, in reverse order; errors are logged, the first re-raised.
@@ -409,7 +387,7 @@ class FleetServer:
             except Exception as exc:
                 log.exception("stopping %s failed", name)
                 first = first or exc
-        self._ctx, self._api, self._broker = None, None, None
+        self._ctx, self._api, self._brokers = None, None, None
         if first is not None:
             raise ServeError("stop", str(first)) from first
 
@@ -426,5 +404,7 @@ class FleetServer:
         self.stop()
 
 
-def _as_ip(host: str) -> str:
-    return "127.0.0.1" if host == "localhost" else host
+def _connect_host(host: str) -> str:
+    """Where this process reaches a Mosquitto listening on ``host``."""
+    ip = "127.0.0.1" if host == "localhost" else host
+    return "127.0.0.1" if ipaddress.ip_address(ip).is_unspecified else host
