@@ -1,15 +1,19 @@
 """The jobs ``fleet-server serve`` runs beside the API that must not run twice across
 replicas: the rollout reconciler and the drift job (retention:
 :mod:`fleet_server.retention.runner`). Each runs its loop on every replica and acts only
-while ``ctx.leader`` says this replica leads."""
+while ``ctx.leader`` says this replica leads (a follower looks again every
+:data:`FOLLOWER_POLL_S`); the rollout service's saves and publishes are fenced by it too
+(:mod:`fleet_server.rollout.service`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from fleet_server.api.context import ServerContext
+from fleet_server.cluster import leader_detail
 from fleet_server.health import PartHealth
 from fleet_server.quality.drift import DriftSettings
 from fleet_server.quality.drift_job import run_drift
@@ -20,6 +24,8 @@ log = logging.getLogger(__name__)
 
 ROLLOUTS_HEALTH = "rollouts"
 DRIFT_HEALTH = "drift"
+FOLLOWER_POLL_S = 0.25
+"""How often a job that does not lead asks again (it acts within this of taking the lead)."""
 
 
 class RolloutRunner:
@@ -29,6 +35,7 @@ class RolloutRunner:
         self.ctx = ctx
         self.publisher: MqttPublisher | None = None
         self.service: RolloutService | None = None
+        self.passes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -43,21 +50,47 @@ class RolloutRunner:
             repo=self.ctx.repository,
             keystore=self.ctx.keystore,
             publish=self.publisher,
+            leader=self.ctx.leader,
         )
         self.ctx.rollouts = self.service
-        tick_s = self.ctx.config.rollouts.tick_s
         self._thread = threading.Thread(
-            target=self.service.run, args=(self._stop, tick_s), name="rollouts", daemon=True
+            target=self._loop, args=(self.service,), name="rollouts", daemon=True
         )
         self._thread.start()
         self.ctx.health.register(ROLLOUTS_HEALTH, self.health)
+
+    def _loop(self, service: RolloutService) -> None:
+        """A tick every ``[rollouts] tick_s`` while this replica leads."""
+        leader = self.ctx.leader
+        tick_s = self.ctx.config.rollouts.tick_s
+        leading = False
+        while not self._stop.is_set():
+            if not leader.is_leader():
+                if leading:
+                    log.info("rollout loop: not the leader any more; waiting")
+                leading = False
+                self._stop.wait(min(tick_s, FOLLOWER_POLL_S))
+                continue
+            if not leading:
+                log.info("rollout loop: leading; reconciling every %g s", tick_s)
+            leading = True
+            started = time.monotonic()
+            try:
+                service.tick()
+                self.passes += 1
+            except Exception:  # a failed pass must not end the loop: log, count, go on
+                service.stats.tick_errors += 1
+                log.exception("rollout loop: tick failed")
+            self._stop.wait(max(0.0, tick_s - (time.monotonic() - started)))
 
     def health(self) -> PartHealth:
         """Ok while the reconciliation thread runs and the publisher is connected with
         its network thread alive."""
         thread_ok = self._thread is not None and self._thread.is_alive()
         pub = self.publisher
-        detail: dict[str, Any] = {"loop_alive": thread_ok}
+        detail: dict[str, Any] = {"loop_alive": thread_ok, "leader": leader_detail(self.ctx.leader)}
+        if self.service is not None:
+            detail["stats"] = vars(self.service.stats).copy()
         if pub is not None:
             detail["publisher"] = pub.detail()
         ok = thread_ok and pub is not None and pub.connected and pub.guard.thread_alive
@@ -88,6 +121,7 @@ class DriftRunner:
         self.runs = 0
         self.failures = 0
         self.raised = 0
+        self.skipped = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,6 +134,9 @@ class DriftRunner:
     def _loop(self) -> None:
         interval = self.ctx.config.drift.interval_s
         while not self._stop.wait(interval):
+            if not self.ctx.leader.is_leader():
+                self.skipped += 1
+                continue
             try:
                 self.run_once()
             except Exception:  # a failed run must not end the loop: log, count, go on
@@ -115,7 +152,8 @@ class DriftRunner:
         """Ok while the job's thread runs."""
         alive = self._thread is not None and self._thread.is_alive()
         detail = {"loop_alive": alive, "runs": self.runs, "failures": self.failures,
-                  "raised": self.raised}  # fmt: skip
+                  "raised": self.raised, "skipped_not_leader": self.skipped,
+                  "leader": self.ctx.leader.is_leader()}  # fmt: skip
         return PartHealth(alive, detail)
 
     def stop(self) -> None:

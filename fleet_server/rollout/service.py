@@ -16,6 +16,15 @@ before, an empty retained payload that clears the directive; :class:`Notify` a l
 and an event of kind ``rollout`` whose ``device_id`` is the rollout id. A command that
 fails is logged and counted; the rollout's timeouts then pause it.
 
+With replicas (docs/scaling-replicas.md) only the leader runs :meth:`tick`, and it is
+fenced: each save of the reconciler checks, in its transaction, that the stored epoch of
+the ``rollouts`` role is still the one of this replica's term
+(:func:`fleet_server.db.cluster.check_epoch`), and each directive is published only while
+the leader's lease is fresh (``leader.check()``). A fenced save saves and publishes
+nothing (:class:`NotLeader`); a lease that runs out stops the commands left, counted in
+:attr:`ServiceStats.fenced`. Operator actions (:meth:`act`, :meth:`create`) work on any
+replica: compare-and-swap saves, not fenced.
+
 A rollout with an accuracy gate also gets a :class:`LabelReport` on each tick where the
 review labels changed (:func:`fleet_server.rollout.collect.label_counts`; the versions the
 devices ran before are looked up in the repository by release).
@@ -38,7 +47,9 @@ from sqlalchemy.engine import Engine
 from agent.kernel.errors import BundleError
 from agent.wire import topics
 from agent.wire.manifest import parse_manifest
+from fleet_server.cluster import Leadership, NotLeader
 from fleet_server.db import RolloutConflict, store
+from fleet_server.db.cluster import ROLLOUTS_ROLE, EpochMismatch, check_epoch
 from fleet_server.db.store import EventRecord, RolloutDevice, RolloutRecord
 from fleet_server.errors import DirectiveError
 from fleet_server.repository import KeyStore, Repository, issue_directive
@@ -92,10 +103,12 @@ class RolloutNotFound(RolloutError):
 @dataclass
 class ServiceStats:
     """Counters of one service: loop passes, saves refused (another process saved
-    first), directives published, commands and rollouts that failed."""
+    first), saves and publishes fenced (this replica no longer leads), directives
+    published, commands and rollouts that failed."""
 
     ticks: int = 0
     conflicts: int = 0
+    fenced: int = 0
     directives: int = 0
     command_errors: int = 0
     tick_errors: int = 0
@@ -109,6 +122,8 @@ class RolloutService:
         publish: hands a message to the broker (see :data:`Publish`); may raise.
         clock: POSIX time; the machine never reads one itself.
         directive_expiry: validity of each directive, and the expiry of its message.
+        leader: the replica's leadership; the reconciler's saves and publishes are fenced
+            by it (None: unfenced, one process).
     """
 
     def __init__(
@@ -120,6 +135,7 @@ class RolloutService:
         publish: Publish,
         clock: Callable[[], float] = time.time,
         directive_expiry: timedelta = DEFAULT_EXPIRY,
+        leader: Leadership | None = None,
     ) -> None:
         if directive_expiry.total_seconds() < 1:
             raise RolloutError("directive_expiry", f"{directive_expiry} is under one second")
@@ -129,6 +145,7 @@ class RolloutService:
         self.publish = publish
         self.clock = clock
         self.directive_expiry = directive_expiry
+        self.leader = leader
         self.stats = ServiceStats()
 
     # -- operator side ----------------------------------------------------------------
@@ -218,13 +235,17 @@ class RolloutService:
     def tick(self) -> int:
         """One pass: every running rollout gets its devices' changed reports and a Tick;
         returns how many rollouts changed. A rollout that fails is logged and counted,
-        the others go on."""
+        the others go on; a fenced one ends the pass (this replica no longer leads)."""
         now = self.clock()
         self.stats.ticks += 1
         changed = 0
         for record in store.list_rollouts(self.engine, states=RUNNING_PHASES):
             try:
                 changed += self._tick_one(record.rollout_id, now)
+            except NotLeader as exc:
+                self.stats.fenced += 1
+                log.warning("rollout %s: not saved: %s", record.rollout_id, exc)
+                break
             except Exception:
                 self.stats.tick_errors += 1
                 log.exception("rollout %s: tick failed", record.rollout_id)
@@ -261,14 +282,14 @@ class RolloutService:
             if not commands and replace(new, clock=rollout.clock) == rollout:
                 return 0
             try:
-                saved = self._save(record, rollout, new, now)
+                saved = self._save(record, rollout, new, now, fenced=True)
             except RolloutConflict:
                 self.stats.conflicts += 1
                 if attempt:
                     raise
                 log.info("rollout %s: saved elsewhere meanwhile; stepping again", rollout_id)
                 continue
-            self._execute(saved, commands, now)
+            self._execute(saved, commands, now, fenced=True)
             return 1
         return 0  # pragma: no cover
 
@@ -295,8 +316,24 @@ class RolloutService:
             raise RolloutNotFound(rollout_id)
         return record, from_dict(record.controller_state)
 
-    def _save(self, record: RolloutRecord, old: Rollout, new: Rollout, now: float) -> RolloutRecord:
+    def _save(
+        self, record: RolloutRecord, old: Rollout, new: Rollout, now: float, *, fenced: bool = False
+    ) -> RolloutRecord:
+        """Save ``new`` over ``record`` (compare-and-swap); ``fenced``: only while this
+        replica's term is the stored one.
+
+        Raises:
+            RolloutConflict: saved elsewhere since ``record`` was loaded.
+            NotLeader: fenced, and the lease ran out or another term started.
+        """
+        leader = self.leader if fenced else None
+        epoch = None if leader is None else leader.check()
         with store.write_transaction(self.engine) as conn:
+            if leader is not None and epoch is not None:
+                try:
+                    check_epoch(conn, ROLLOUTS_ROLE, epoch)
+                except EpochMismatch as exc:
+                    raise NotLeader(leader.replica_id, exc.reason) from exc
             saved = store.save_rollout(conn, _record(new, record.revision), now=now)
             store.set_rollout_devices(conn, new.rollout_id, _device_rows(new, old), now=now)
         return saved
@@ -320,9 +357,28 @@ class RolloutService:
                                f"release {bundle.release}: {exc}") from exc  # fmt: skip
         return bundle.release, budget
 
-    def _execute(self, record: RolloutRecord, commands: builtins.list[Command], now: float) -> None:
+    def _execute(
+        self,
+        record: RolloutRecord,
+        commands: builtins.list[Command],
+        now: float,
+        *,
+        fenced: bool = False,
+    ) -> None:
+        """Carry the commands out; ``fenced``: each directive only while the lease is
+        fresh, and none once it is not."""
         notes: builtins.list[EventRecord] = []
         for i, command in enumerate(commands):
+            if fenced and self.leader is not None and not isinstance(command, Notify):
+                try:
+                    self.leader.check()
+                except NotLeader as exc:
+                    self.stats.fenced += 1
+                    left = len(commands) - i
+                    log.warning(
+                        "rollout %s: %d commands not carried out: %s", record.rollout_id, left, exc
+                    )
+                    break
             try:
                 if isinstance(command, Notify):
                     log.info(
