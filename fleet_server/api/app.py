@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from agent.kernel.errors import EdgefleetError
 from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
+from fleet_server.api.cluster import cluster_router
 from fleet_server.api.context import ServerContext
 from fleet_server.api.decisions import decisions_router
 from fleet_server.api.devices import devices_router
@@ -175,5 +176,6 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(decisions_router(ctx), responses=unauthorized)
     app.include_router(quality_router(ctx), responses=unauthorized)
     app.include_router(events_router(ctx), responses=unauthorized)
+    app.include_router(cluster_router(ctx), responses=unauthorized)
     install_console(app, ctx)
     return app

@@ -22,7 +22,9 @@ from sqlalchemy.engine import make_url
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
 from fleet_server.cli.setup import add_parser as add_setup_parser
+from fleet_server.cluster.status import cluster_status, render
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
+from fleet_server.db import make_engine
 from fleet_server.jobs import DriftRunner, RolloutRunner
 from fleet_server.retention.runner import RetentionRunner
 from fleet_server.serve import FleetServer, ServiceFactory
@@ -35,6 +37,7 @@ WATCH_S = 1.0
 EPILOG = """examples:
   fleet-server serve --config /etc/edgefleet/fleet.toml
   fleet-server check-config --config fleet.toml --json
+  fleet-server status --config fleet.toml --json
   fleet-server setup --admin alice --advertise-host fleet.example.com
 """
 
@@ -120,6 +123,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = load_config(Path(args.config))
+    engine = make_engine(cfg.database_url)
+    try:
+        status = cluster_status(engine, cfg.cluster.report_s)
+    finally:
+        engine.dispose()
+    print(json.dumps(status.to_json(), indent=2) if args.json else render(status))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet-server",
@@ -147,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(check)
     check.add_argument("--json", action="store_true", help="print a JSON report")
     check.set_defaults(func=cmd_check_config)
+    status = sub.add_parser(
+        "status",
+        help="the replicas, which one leads, and each one's ingest rate (from the database)",
+        epilog="example: fleet-server status --config fleet.toml --json",
+    )
+    with_config(status)
+    status.add_argument("--json", action="store_true", help="print a JSON report")
+    status.set_defaults(func=cmd_status)
     add_setup_parser(sub)
     return parser
 
