@@ -86,6 +86,7 @@ def _record_table(name: str) -> sa.Table:
         sa.Column("payload", json_type(), nullable=False),
         sa.Column("received_at", TS),
         sa.Index(None, "device_id", "ts"),
+        sa.Index(None, "ts"),  # retention: oldest first (migration 0008)
     )
 
 
@@ -120,6 +121,7 @@ events = sa.Table(
     sa.Column("received_at", TS),
     sa.Index(None, "device_id", "ts"),
     sa.Index(None, "kind", "ts"),
+    sa.Index(None, "ts"),  # retention (migration 0008)
 )
 
 quarantine = sa.Table(
@@ -131,6 +133,7 @@ quarantine = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("size", sa.BigInteger, nullable=False),
     sa.Column("payload", sa.LargeBinary, nullable=False),
+    sa.Index(None, "received_at"),  # retention (migration 0008)
 )
 
 rollouts = sa.Table(
@@ -328,6 +331,7 @@ drift_hours = sa.Table(
     sa.Column("received_at", TS, nullable=False),
     sa.Index(None, "model_name", "model_version", "line", "hour"),
     sa.Index(None, "line", "hour"),
+    sa.Index(None, "hour"),  # retention (migration 0008)
 )
 """A device's drift bucket (:class:`agent.wire.quality.DriftHour`): ``hour`` is the
 bucket's start (Unix s), ``payload`` holds ``period_s``, ``outcomes``, ``top_class`` and
