@@ -178,6 +178,49 @@ class BrokerShard(Section):
     )
 
 
+MAIN_SHARD = "main"
+"""The main broker's shard name (``[broker]`` itself)."""
+
+
+def _check_shards(shards: list[BrokerShard], managed: bool) -> None:
+    """Each shard fits the fleet's kind; names, ports and sites are not shared.
+
+    Raises:
+        ValueError: naming the shard's field (``shards[1].port: ...``).
+    """
+    names: dict[str, int] = {}
+    ports: dict[int, int] = {}
+    sites: dict[str, int] = {}
+    for i, shard in enumerate(shards):
+        at = f"shards[{i}]"
+        if shard.name == MAIN_SHARD or shard.name in names:
+            taken = (
+                "the main broker's"
+                if shard.name == MAIN_SHARD
+                else f"shards[{names[shard.name]}]'s"
+            )
+            raise ValueError(f"{at}.name: {shard.name!r} is {taken} name")
+        names[shard.name] = i
+        if managed and shard.port is None:
+            raise ValueError(f"{at}.port: a managed fleet's shard needs the port of its Mosquitto")
+        if managed and shard.external is not None:
+            raise ValueError(
+                f"{at}.external: the fleet is managed (a shard is a Mosquitto it runs)"
+            )
+        if not managed and shard.external is None:
+            raise ValueError(f"{at}.external: an external fleet's shard needs its broker")
+        if not managed and shard.port is not None:
+            raise ValueError(f"{at}.port: only for a managed fleet (give external.port)")
+        if shard.port is not None:
+            if shard.port in ports:
+                raise ValueError(f"{at}.port: {shard.port} is shards[{ports[shard.port]}]'s too")
+            ports[shard.port] = i
+        for site in shard.sites:
+            if site in sites and sites[site] != i:
+                raise ValueError(f"{at}.sites: {site!r} is in shards[{sites[site]}].sites too")
+            sites[site] = i
+
+
 class BrokerSection(Section):
     """The fleet's MQTT broker: a managed Mosquitto, or an external broker."""
 
@@ -191,7 +234,16 @@ class BrokerSection(Section):
     )
     shards: list[BrokerShard] = Field(
         default_factory=list,
-        description="More brokers beside the main one (shard 'main'); see docs/scaling.md.",
+        description="More brokers beside the main one (shard 'main'); see docs/scaling-brokers.md.",
+    )
+    replica_slots: int = Field(
+        4,
+        ge=1,
+        le=32,
+        description="Managed fleet: most fleet-server replicas connected to the brokers at "
+        "once. Each replica claims a slot (a lock file in state_dir) and connects with "
+        "that slot's service identities, which the ACL grants; the brokers force a "
+        "client's id to its certificate's name, so two replicas must not share them.",
     )
     shard_label: str = Field(
         "site", description="The device label whose value picks a shard by its sites."
@@ -220,7 +272,26 @@ class BrokerSection(Section):
         host = self.listen_host()
         if self.advertise_host is None and _unspecified(host):
             raise ValueError(f"the listener binds {host}: set advertise_host for devices")
+        _check_shards(self.shards, self.managed)
+        for i, shard in enumerate(self.shards):
+            if self.managed and shard.port == self.mosquitto.port:
+                raise ValueError(f"shards[{i}].port: {shard.port} is the main broker's port")
         return self
+
+    def shard_names(self) -> list[str]:
+        """Every shard's name, ``main`` first."""
+        return [MAIN_SHARD, *(s.name for s in self.shards)]
+
+    def shard(self, name: str) -> BrokerShard:
+        """The ``[[broker.shards]]`` entry named ``name``.
+
+        Raises:
+            KeyError: no such shard (``main`` has none: it is ``[broker]`` itself).
+        """
+        for shard in self.shards:
+            if shard.name == name:
+                return shard
+        raise KeyError(name)
 
     def listen_host(self) -> str:
         """Where the broker listens (what the fleet server's own clients connect to)."""
@@ -492,6 +563,26 @@ class FleetServerConfig(Section):
         missing = {k: v for k, v in layout.items() if k not in given.model_fields_set}
         return given.model_copy(update=missing)
 
+    def shard_mosquitto_configs(self) -> dict[str, MosquittoConfig]:
+        """Managed fleet: each shard's Mosquitto, ``main`` first. A shard's is the main
+        one's on its own port, with its own state directory (``state_dir/broker-<name>``)
+        and server certificate there; CA and CRL are the same."""
+        main = self.mosquitto_config()
+        configs = {MAIN_SHARD: main}
+        for shard in self.broker.shards:
+            if shard.port is None:
+                continue
+            broker_dir = self.state_dir / f"broker-{shard.name}"
+            configs[shard.name] = main.model_copy(
+                update={
+                    "port": shard.port,
+                    "state_dir": broker_dir,
+                    "certfile": broker_dir / "server.crt",
+                    "keyfile": broker_dir / "server.key",
+                }
+            )
+        return configs
+
 
 def _resolve(section: Any, keys: tuple[str, ...], base: Path) -> None:
     if isinstance(section, dict):
@@ -508,6 +599,10 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     if isinstance(broker, dict):
         _resolve(broker.get("mosquitto"), _BROKER_PATHS, base)
         _resolve(broker.get("external"), ("ca", "cert", "key"), base)
+        shards = broker.get("shards")
+        for shard in shards if isinstance(shards, list) else ():
+            if isinstance(shard, dict):
+                _resolve(shard.get("external"), ("ca", "cert", "key"), base)
     db = data.get("database")
     if isinstance(db, dict) and isinstance(db.get("url"), str):
         prefix = "sqlite:///"

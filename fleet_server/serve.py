@@ -1,15 +1,18 @@
-"""The fleet server process: database, CA, broker, services and the HTTP API, started in
+"""The fleet server process: database, CA, brokers, services and the HTTP API, started in
 order and stopped in reverse.
 
 :meth:`FleetServer.start` opens the database (migrations), creates the CA at the first
 start (passphrase of role ``ca``: see :class:`fleet_server.repository.Passphrases`),
-issues the broker's server certificate, the fleet server's own MQTT identity and one
-identity per fleet service (``fleet:files``, ``fleet:rollouts``, ``fleet:ingest-<i>``: see
-:mod:`fleet_server.broker.identity`) when missing, expiring or no longer from this CA,
-starts the managed Mosquitto (or takes the external broker), builds the
-:class:`ServerContext`, starts the services (ingest workers, the rollout service:
-factories given to the constructor) and last the API (uvicorn in a thread). A background
-thread writes a fresh CRL before the current one expires.
+claims a replica slot (:mod:`fleet_server.broker.slots`), issues the fleet server's own
+MQTT identity and one identity per fleet service of that slot (``fleet:files``,
+``fleet:rollouts``, ``fleet:ingest-<i>``: see :mod:`fleet_server.broker.identity`) when
+missing, expiring or no longer from this CA, and with ``[broker] run = true`` issues the
+brokers' server certificates and starts the managed Mosquittos, the main one and one per
+shard (:class:`fleet_server.broker.fleet.BrokerSet`); with ``run = false`` they are run
+elsewhere (``fleet-server brokers``). Then it builds the :class:`ServerContext`, starts
+the services (ingest workers, the rollout service: factories given to the constructor)
+and last the API (uvicorn in a thread). A background thread writes a fresh CRL before
+the current one expires.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from agent.kernel.secrets import read_secret
 from fleet_server.api.app import create_app
 from fleet_server.api.context import BrokerEndpoint, ServerContext
 from fleet_server.broker import identity
-from fleet_server.broker.certs import RENEW_BEFORE, ensure_cert
+from fleet_server.broker.certs import ensure_cert
 from fleet_server.broker.fleet import BrokerSet, advertise_host
 from fleet_server.broker.slots import claim_slot
 from fleet_server.ca import FleetCA
@@ -46,7 +49,6 @@ __all__ = ["FleetServer", "ServeError", "ServerContext", "Service", "ServiceFact
 log = logging.getLogger(__name__)
 
 API_START_TIMEOUT_S = 15.0
-__all__ += ["RENEW_BEFORE"]  # where it was first defined; now fleet_server.broker.certs
 CRL_CHECK_S = 600.0
 _POLL_S = 0.02
 
@@ -248,11 +250,9 @@ class FleetServer:
         crl_within = timedelta(seconds=cfg.ca.crl_refresh_before_s)
         if ca.crl_due(crl_within):
             ca.write_crl()
-        slot = 0
-        if cfg.broker.managed:
-            claimed = claim_slot(cfg.state_dir, cfg.broker.replica_slots, replica_name(cfg))
-            self._stops.append(("replica slot", claimed.release))
-            slot = claimed.index
+        claimed = claim_slot(cfg.state_dir, cfg.broker.replica_slots, replica_name(cfg))
+        self._stops.append(("replica slot", claimed.release))
+        slot = claimed.index
         endpoints = self._identities(ca, slot)
         if cfg.broker.managed and cfg.broker.run:
             self._brokers = BrokerSet(cfg, ca)
@@ -371,7 +371,9 @@ class FleetServer:
         expiring or no longer from this CA."""
         cert_file, key_file = identity.identity_paths(self.config.identity_dir, service)
         cn = identity.service_cn(service)
-        ensure_cert(ca, key_file, cert_file, f"the MQTT identity {cn}", lambda: ca.issue_service(cn))
+        ensure_cert(
+            ca, key_file, cert_file, f"the MQTT identity {cn}", lambda: ca.issue_service(cn)
+        )
 
     def stop(self) -> None:
         """Stop every started part, in reverse order; errors are logged, the first re-raised.

@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 
 from fleet_server.api.ports import RolloutOps
-from fleet_server.broker import ManagedBroker
+from fleet_server.broker import BrokerError, ManagedBroker
 from fleet_server.ca import FleetCA
 from fleet_server.cluster import Leadership, SingleReplica
 from fleet_server.config import FleetServerConfig
@@ -39,7 +39,14 @@ class BrokerEndpoint:
 @dataclass
 class ServerContext:
     """The running server's shared parts. ``rollouts`` is attached by the rollout service
-    (the API answers 503 on rollout endpoints until it is)."""
+    (the API answers 503 on rollout endpoints until it is).
+
+    ``broker`` is the main broker (shard ``main``); ``brokers`` every shard's, ``main``
+    first (the services connect to each; enrollment tells a device its shard's).
+    ``managed_brokers`` are the Mosquittos this process runs (none with ``[broker]
+    run = false`` or an external fleet); ``managed_broker`` is the main one of them.
+    ``slot`` is the replica slot whose service identities this process connects with
+    (:mod:`fleet_server.broker.slots`)."""
 
     config: FleetServerConfig
     engine: Engine
@@ -48,6 +55,9 @@ class ServerContext:
     keystore: KeyStore
     broker: BrokerEndpoint
     managed_broker: ManagedBroker | None = None
+    brokers: dict[str, BrokerEndpoint] = field(default_factory=dict)
+    managed_brokers: dict[str, ManagedBroker] = field(default_factory=dict)
+    slot: int = 0
     rollouts: RolloutOps | None = None
     operator_token: str | None = None
     health: HealthRegistry = field(default_factory=HealthRegistry)
@@ -55,15 +65,30 @@ class ServerContext:
     """Whether this replica leads (leader-only jobs ask it; rollout saves are fenced)."""
     _broker_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        if not self.brokers:
+            self.brokers = {"main": self.broker}
+        if not self.managed_brokers and self.managed_broker is not None:
+            self.managed_brokers = {"main": self.managed_broker}
+
     def reload_broker(self) -> bool:
-        """Make the managed broker re-read its CRL and ACL; False without a running one.
+        """Make every managed broker this process runs (each shard's) re-read its CRL and
+        ACL; False without a running one (brokers run elsewhere watch the CRL file).
 
         Raises:
-            BrokerError: the reload was not confirmed in time.
+            BrokerError: a reload was not confirmed in time (the others were tried).
         """
-        broker = self.managed_broker
-        if broker is None or not broker.running:
+        running = [b for b in self.managed_brokers.values() if b.running]
+        if not running:
             return False
+        first: BrokerError | None = None
         with self._broker_lock:
-            broker.reload()
+            for broker in running:
+                try:
+                    broker.reload()
+                except BrokerError as exc:
+                    log.exception("reloading mosquitto on port %d", broker.config.port)
+                    first = first or exc
+        if first is not None:
+            raise first
         return True

@@ -6,11 +6,15 @@ transaction: a refused CSR leaves the token unused, and a used token issues noth
 Anyone may call it, so the body goes through :func:`agent.wire.untrusted.loads_object`
 (size, depth, numbers, NUL and lone surrogates) before the model sees it: 400 naming
 what was wrong.
+
+The device is given its broker shard here (:mod:`fleet_server.broker.shards`), stored
+with it, and told that shard's advertised host and port.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -21,6 +25,7 @@ from agent.wire.enroll import ENROLL_PATH, BrokerInfo, EnrollRequest, EnrollResp
 from agent.wire.untrusted import UntrustedInputError, loads_object
 from fleet_server.api.context import ServerContext
 from fleet_server.api.models import error_responses
+from fleet_server.broker.shards import assign_shard
 from fleet_server.ca import CAError
 from fleet_server.db import store
 from fleet_server.repository import Repository
@@ -54,6 +59,13 @@ def trust_root(repo: Repository) -> str:
     return (repo.metadata_dir / f"{version}.root.json").read_text(encoding="utf-8")
 
 
+def device_shard(ctx: ServerContext, device_id: str, labels: Mapping[str, str]) -> str:
+    """The broker shard enrollment gives ``device_id`` (:func:`assign_shard` on the
+    configured shards)."""
+    b = ctx.config.broker
+    return assign_shard(device_id, labels, [(s.name, s.sites) for s in b.shards], b.shard_label)
+
+
 def enroll_router(ctx: ServerContext) -> APIRouter:
     """The enrollment endpoint (no operator token: the one-time token is the credential)."""
     router = APIRouter(tags=["enrollment"])
@@ -82,6 +94,7 @@ def enroll_router(ctx: ServerContext) -> APIRouter:
             except CAError as exc:
                 log.warning("enrollment of %r refused: %s", token.device_id, exc.reason)
                 raise HTTPException(403, f"CSR refused: {exc.reason}") from exc
+            shard = device_shard(ctx, token.device_id, token.labels)
             store.upsert_device(
                 conn,
                 token.device_id,
@@ -90,13 +103,17 @@ def enroll_router(ctx: ServerContext) -> APIRouter:
                 agent_version=req.agent_version or None,
                 cert_serial=issued.serial_hex,
                 revoked=False,
+                shard=shard,
             )
-        log.info("enrolled %r (certificate %s)", token.device_id, issued.serial_hex)
+        log.info(
+            "enrolled %r (certificate %s, shard %s)", token.device_id, issued.serial_hex, shard
+        )
+        broker = ctx.brokers.get(shard, ctx.broker)
         return EnrollResponse(
             device_id=token.device_id,
             certificate=issued.cert_pem.decode(),
             ca=ctx.ca.cert_path.read_text(encoding="utf-8"),
-            broker=BrokerInfo(host=ctx.broker.advertise_host, port=ctx.broker.advertise_port),
+            broker=BrokerInfo(host=broker.advertise_host, port=broker.advertise_port),
             trust_root=root,
             labels=token.labels,
             profile=token.profile,

@@ -74,23 +74,23 @@ class ServiceGrant:
 
 
 def service_grant(service: str) -> ServiceGrant:
-    """The grant of fleet service ``service`` (files, rollouts, ingest-<i>).
+    """The grant of fleet service ``service`` (files, rollouts, ingest-<i>, of any
+    replica slot: :func:`fleet_server.broker.identity.service_kind`).
 
     Raises:
         ValueError: not a known service.
     """
-    if service == identity.FILES:
+    kind = identity.service_kind(service)
+    if kind == identity.FILES:
         return ServiceGrant(
             service,
             reads=(topics.fetch_request_filter(),),
             writes=(topics.device_filter(topics.fetch_response),),
         )
-    if service == identity.ROLLOUTS:
+    if kind == identity.ROLLOUTS:
         return ServiceGrant(service, writes=(topics.device_filter(topics.directive),))
-    if service.startswith(f"{identity.INGEST}-") and service[len(identity.INGEST) + 1 :].isdigit():
-        reports = (t for t in DEVICE_WRITES if t is not topics.fetch_request)
-        return ServiceGrant(service, reads=tuple(topics.device_filter(t) for t in reports))
-    raise ValueError(f"{service!r} is not a fleet service (files, rollouts, ingest-<i>)")
+    reports = (t for t in DEVICE_WRITES if t is not topics.fetch_request)
+    return ServiceGrant(service, reads=tuple(topics.device_filter(t) for t in reports))
 
 
 def acl_text(fleet_identity: str, services: Sequence[str] = ()) -> str:

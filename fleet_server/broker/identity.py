@@ -9,11 +9,19 @@ bundle file server), ``fleet:rollouts`` (the rollout publisher), ``fleet:ingest-
 ``:`` keeps these names apart from every device id (:func:`agent.wire.topics.is_device_id`
 refuses it, and so does the CA for a device).
 
+Several replicas of the fleet server connect to the same brokers, and a broker that
+forces the client id to the CN would hand one replica's sessions to the other. So each
+replica claims a slot (:mod:`fleet_server.broker.slots`) and connects with that slot's
+identities: slot 0 has the names above, slot ``k`` ``fleet:files-r<k>``,
+``fleet:rollouts-r<k>``, ``fleet:ingest-r<k>-<i>``. The ACL grants every slot's names.
+The same certificate serves every shard (each shard is a broker of its own).
+
 The ingest workers share one subscription group (``$share/<group>/...``). Mosquitto 2.0's
 ACL file grants every subscription and checks read access only at delivery, so a device
 that names the group takes a share of every device's messages (which it may not read:
 they are dropped). The group name is therefore a secret: generated here (128 bits),
-kept in the server's state directory, never sent to a device. See
+kept in the server's state directory, never sent to a device. The file servers of all
+replicas share the fetch requests the same way, on a secret group of their own. See
 ``docs/adr/0005-broker-identity-and-limits.md``.
 """
 
@@ -32,6 +40,8 @@ ROLLOUTS = "rollouts"
 INGEST = "ingest"
 GROUP_FILE = "ingest-group"
 """The file under the server's state directory that keeps the generated group name."""
+FILES_GROUP_FILE = "files-group"
+"""The same for the file servers' group."""
 GROUP_BYTES = 16
 """Random bytes in a generated group name (128 bits)."""
 MIN_GROUP_CHARS = 16
@@ -67,14 +77,59 @@ def is_service_cn(name: str) -> bool:
     return is_service_name(name)
 
 
-def ingest_service(index: int) -> str:
-    """The service name of ingest worker ``index`` (``ingest-<index>``)."""
-    return f"{INGEST}-{index}"
+def _slot_suffix(slot: int) -> str:
+    if slot < 0:
+        raise IdentityError(f"replica slot {slot} is negative")
+    return f"-r{slot}" if slot else ""
 
 
-def services_for(ingest_workers: int) -> list[str]:
-    """The service names a fleet server with ``ingest_workers`` workers connects as."""
-    return [FILES, ROLLOUTS, *(ingest_service(i) for i in range(ingest_workers))]
+def slot_service(kind: str, slot: int = 0) -> str:
+    """Service ``kind`` (files, rollouts) of replica slot ``slot``: ``files`` for slot 0
+    (the one-replica names), ``files-r<slot>`` for the others.
+
+    Raises:
+        IdentityError: a negative slot.
+    """
+    return f"{kind}{_slot_suffix(slot)}"
+
+
+def ingest_service(index: int, slot: int = 0) -> str:
+    """The service name of ingest worker ``index`` of replica slot ``slot``
+    (``ingest-<index>``, or ``ingest-r<slot>-<index>``).
+
+    Raises:
+        IdentityError: a negative slot.
+    """
+    return f"{INGEST}{_slot_suffix(slot)}-{index}"
+
+
+def services_for(ingest_workers: int, slot: int = 0) -> list[str]:
+    """The service names a fleet server with ``ingest_workers`` workers in replica slot
+    ``slot`` connects as (one certificate each; the same on every shard)."""
+    return [
+        slot_service(FILES, slot),
+        slot_service(ROLLOUTS, slot),
+        *(ingest_service(i, slot) for i in range(ingest_workers)),
+    ]
+
+
+def slots_services(ingest_workers: int, slots: int) -> list[str]:
+    """Every replica slot's services: what a managed broker's ACL grants."""
+    return [name for slot in range(slots) for name in services_for(ingest_workers, slot)]
+
+
+def service_kind(service: str) -> str:
+    """``files``, ``rollouts`` or ``ingest``: what service ``service`` of any slot is.
+
+    Raises:
+        ValueError: not a fleet service name of any slot.
+    """
+    kind = service.split("-", 1)[0]
+    if kind in (FILES, ROLLOUTS) and re.fullmatch(rf"{kind}(?:-r[1-9][0-9]*)?", service):
+        return kind
+    if kind == INGEST and re.fullmatch(r"ingest(?:-r[1-9][0-9]*)?-[0-9]+", service):
+        return kind
+    raise ValueError(f"{service!r} is not a fleet service (files, rollouts, ingest-<i>, -r<slot>)")
 
 
 def identity_paths(identity_dir: Path, service: str) -> tuple[Path, Path]:
@@ -107,9 +162,10 @@ def guessable_group(group: str) -> str:
     )
 
 
-def new_group() -> str:
-    """A fresh secret group name: ``ingest-`` and 32 hex digits (128 random bits)."""
-    return f"{INGEST}-{secrets.token_hex(GROUP_BYTES)}"
+def new_group(prefix: str = INGEST) -> str:
+    """A fresh secret group name: ``ingest-`` (or ``prefix-``) and 32 hex digits (128
+    random bits)."""
+    return f"{prefix}-{secrets.token_hex(GROUP_BYTES)}"
 
 
 def ingest_group(state_dir: Path, configured: str | None = None) -> str:
@@ -124,7 +180,23 @@ def ingest_group(state_dir: Path, configured: str | None = None) -> str:
     """
     if configured is not None:
         return configured
-    path = state_dir / GROUP_FILE
+    return _kept_group(state_dir / GROUP_FILE, INGEST)
+
+
+def files_group(state_dir: Path) -> str:
+    """The file servers' shared-subscription group (``$share/<group>/...`` on the fetch
+    requests: each request is answered by one file server of all replicas). A secret
+    like the ingest group (a device naming it would take a share of the requests),
+    kept in ``state_dir/files-group``.
+
+    Raises:
+        IdentityError: the kept name is unreadable or malformed, or can't be written.
+    """
+    return _kept_group(state_dir / FILES_GROUP_FILE, FILES)
+
+
+def _kept_group(path: Path, prefix: str) -> str:
+    state_dir = path.parent
     try:
         kept = path.read_text().strip()
     except FileNotFoundError:
@@ -135,7 +207,7 @@ def ingest_group(state_dir: Path, configured: str | None = None) -> str:
         if not _GROUP.match(kept) or guessable_group(kept):
             raise IdentityError(f"{path} does not hold a generated group name; delete it")
         return kept
-    group = new_group()
+    group = new_group(prefix)
     try:
         make_dirs(state_dir, mode=0o700)
         write_durable(path, f"{group}\n".encode(), mode=0o600)
@@ -146,11 +218,13 @@ def ingest_group(state_dir: Path, configured: str | None = None) -> str:
 
 __all__ = [
     "FILES",
+    "FILES_GROUP_FILE",
     "GROUP_FILE",
     "INGEST",
     "ROLLOUTS",
     "SERVICE_PREFIX",
     "IdentityError",
+    "files_group",
     "guessable_group",
     "identity_paths",
     "ingest_group",
@@ -158,5 +232,8 @@ __all__ = [
     "is_service_cn",
     "new_group",
     "service_cn",
+    "service_kind",
     "services_for",
+    "slot_service",
+    "slots_services",
 ]

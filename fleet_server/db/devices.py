@@ -72,8 +72,10 @@ def upsert_device(
     health: Mapping[str, Any] | None = None,
     cert_serial: str | None = None,
     revoked: bool | None = None,
+    shard: str | None = None,
 ) -> None:
-    """Create the device or update it; a field left ``None`` keeps its stored value.
+    """Create the device or update it; a field left ``None`` keeps its stored value
+    (``shard``: the broker shard enrollment gave it).
 
     A new device gets ``enrolled_at = now`` and empty labels and profile unless given.
 
@@ -91,6 +93,7 @@ def upsert_device(
         "health": None if health is None else dict(health),
         "cert_serial": cert_serial,
         "revoked": revoked,
+        "shard": shard,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     row = {

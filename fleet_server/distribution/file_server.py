@@ -90,6 +90,10 @@ class MqttFileServer:
     Args:
         repo_dir: the repository (``metadata/`` and ``targets/`` below it).
         host, port: the fleet broker.
+        share_group: subscribe as a member of this shared-subscription group
+            (``$share/<group>/...``): each request goes to one server of the group, so
+            several replicas answer it once. A secret, like the ingest group
+            (:func:`fleet_server.broker.identity.files_group`).
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class MqttFileServer:
         keepalive_s: int = 30,
         tls_context: ssl.SSLContext | None = None,
         check_s: float = 1.0,
+        share_group: str | None = None,
     ) -> None:
         self.repo_dir = Path(repo_dir)
         self.host, self.port = host, port
@@ -127,8 +132,12 @@ class MqttFileServer:
             ),
         )
         self.guard = self.session.guard
+        requests = topics.fetch_request_filter()
+        self.topic_filter = (
+            requests if share_group is None else topics.shared(share_group, requests)
+        )
         self._requests = self.session.subscribe(
-            topics.fetch_request_filter(),
+            self.topic_filter,
             self._on_message,
             qos=1,
             answer=self._answer_failure,
