@@ -21,6 +21,7 @@ from typing import Any
 
 from agent.kernel.secrets import read_secret
 from fleet_server import timefmt
+from fleet_server.cli.db import add_db
 from fleet_server.errors import FleetError
 from fleet_server.rollout.spec import parse_duration, parse_selector
 
@@ -356,7 +357,8 @@ def _group(commands: Any, name: str, help_text: str, example: str) -> Any:
 
 
 def add_fleet_commands(commands: Any) -> None:
-    """Add ``devices``, ``telemetry`` and ``rollouts`` to fleetctl's sub-parsers."""
+    """Add ``devices``, ``telemetry``, ``rollouts`` and ``db`` (:mod:`fleet_server.cli.db`,
+    on the database directly) to fleetctl's sub-parsers."""
     common = _common()
     devices = _group(
         commands,
@@ -426,3 +428,4 @@ def add_fleet_commands(commands: Any) -> None:
         p.add_argument("rollout", help="rollout id")
         p.add_argument("--reason", default="", help="why (kept in the rollout's history)")
         p.set_defaults(func=cmd_rollouts_act, action=action)
+    add_db(commands)

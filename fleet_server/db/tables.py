@@ -59,8 +59,9 @@ devices = sa.Table(
 )
 """``labels`` and ``profile`` are set by enrollment and operators only, and are what
 rollout selectors and signed directives use; ``reported_profile`` and
-``reported_labels`` are what the device last said of itself (shown, never used). ``shard`` is the broker the
-device was given at enrollment (NULL: the main broker, as before migration 0007)."""
+``reported_labels`` are what the device last said of itself (shown, never used).
+``shard`` is the broker the device was given at enrollment (NULL: the main broker, as
+before migration 0007)."""
 
 enrollment_tokens = sa.Table(
     "enrollment_tokens",
