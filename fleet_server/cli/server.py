@@ -134,6 +134,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_brokers(args: argparse.Namespace) -> int:
+    from fleet_server.broker.runner import open_brokers, run_brokers  # noqa: PLC0415
+
+    cfg = load_config(Path(args.config))
+    logging.getLogger().setLevel(cfg.server.log_level.upper())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _s, _f: stop.set())
+    signal.signal(signal.SIGINT, lambda _s, _f: stop.set())
+    brokers = open_brokers(cfg, args.shard or None)
+    ports = ", ".join(f"{n} :{b.config.port}" for n, b in brokers.brokers.items())
+    return run_brokers(brokers, stop, lambda: print(f"fleet-server: brokers {ports}", flush=True))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet-server",
@@ -169,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(status)
     status.add_argument("--json", action="store_true", help="print a JSON report")
     status.set_defaults(func=cmd_status)
+    brokers = sub.add_parser(
+        "brokers",
+        help="run the managed Mosquittos (every shard) for replicas with [broker] run = false",
+        epilog="example: fleet-server brokers --config fleet.toml --shard eu",
+    )
+    with_config(brokers)
+    brokers.add_argument("--shard", action="append", help="only this shard (repeatable)")
+    brokers.set_defaults(func=cmd_brokers)
     add_setup_parser(sub)
     return parser
 
