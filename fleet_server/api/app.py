@@ -1,6 +1,7 @@
 """The fleet server's HTTP API: an app factory over a :class:`ServerContext`.
 
 Endpoints (OpenAPI at ``/openapi.json``, browsable at ``/docs``): ``GET /healthz``,
+``GET /metrics`` (Prometheus; open like /healthz unless ``[metrics] token_env``),
 ``POST /api/v1/enroll`` (the device's one-time token is its credential), ``POST /login``,
 ``POST /logout``, ``GET /api/v1/me``, and the fleet endpoints under ``/api/v1`` (devices,
 telemetry, tokens, revocation, bundles, rollouts). Each fleet endpoint names the
@@ -50,6 +51,7 @@ from fleet_server.broker import BrokerError
 from fleet_server.ca import CAError, NameRefused
 from fleet_server.db import RolloutConflict, StorageError, TokenRejected
 from fleet_server.errors import FleetError, KeystoreError, RepoError
+from fleet_server.metrics.endpoint import install_metrics
 from fleet_server.rollout import RolloutError
 from fleet_server.web.console import install_console
 
@@ -125,6 +127,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
         responses=error_responses(e400="Malformed request"),
     )
     _install_error_handlers(app)
+    install_metrics(app, ctx)  # first: its latency middleware sits nearest the routes
     http = ctx.config.http
     app.add_middleware(
         BodyLimitMiddleware,
