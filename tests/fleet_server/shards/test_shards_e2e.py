@@ -26,11 +26,9 @@ import sqlalchemy as sa
 
 from agent.wire import topics
 from agent.wire.codec import encode
-from agent.wire.enroll import ENROLL_PATH
 from agent.wire.fetch import FetchRequest, encode_request
 from agent.wire.reports import Heartbeat
 from fleet_server.broker.shards import assign_shard
-from fleet_server.ca import make_device_key_and_csr
 from fleet_server.config import parse_config
 from fleet_server.db.tables import heartbeats
 from fleet_server.serve import FleetServer
@@ -42,6 +40,7 @@ from tests.fleet_server.fleet_api_support import (
     http,
     make_repository,
 )
+from tests.fleet_server.shards.shard_support import enroll
 from tests.support.broker import free_port
 from tests.support.pg import PgCluster
 from tests.support.tls_peers import Peer
@@ -156,23 +155,6 @@ class Device:
     shard: str
     port: int
     peer: Peer
-
-
-def enroll(url: str, device_id: str, labels: dict[str, str], directory: Path) -> dict[str, Any]:
-    token = http(
-        "POST", f"{url}/api/v1/devices/{device_id}/tokens", {"labels": labels}, token=OPERATOR_TOKEN
-    )
-    assert token.status == 201, token.body
-    key_pem, csr_pem = make_device_key_and_csr(device_id)
-    answer = http(
-        "POST", url + ENROLL_PATH, {"token": token.body["token"], "csr": csr_pem.decode()}
-    )
-    assert answer.status == 200, answer.body
-    body: dict[str, Any] = answer.body
-    (directory / "ca.crt").write_text(body["ca"])
-    (directory / f"{device_id}.crt").write_text(body["certificate"])
-    (directory / f"{device_id}.key").write_bytes(key_pem)
-    return body
 
 
 def wait_for(what: str, done: Any) -> None:
