@@ -138,6 +138,8 @@ def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
         "rollouts": True,
         "ingest-0": True,
         "drift": True,
+        "cluster": True,
+        "retention": True,
     }
     files = services["files"]["detail"]
     assert files["thread_alive"] is True
