@@ -165,7 +165,9 @@ class BrokerShard(Section):
         None, description="External fleet: this shard's broker (as [broker.external])."
     )
     advertise_host: str | None = Field(
-        None, description="Host devices on this shard are told (default: the main one's)."
+        None,
+        description="Host devices on this shard are told (default: a managed shard the "
+        "main broker's advertised host, an external one its external host).",
     )
     advertise_port: int | None = Field(
         None, ge=1, le=65535, description="Port devices on this shard are told."
