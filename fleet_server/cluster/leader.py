@@ -15,8 +15,10 @@ One thread per replica (:class:`PgLeader`):
   start of the last renewal that succeeded (a monotonic clock): a leader whose thread is
   stuck on a dead network stops acting by itself.
 
-The connection has TCP keepalives and ``tcp_user_timeout`` so that a dead peer ends a
-blocked query within about a lease.
+The connection has TCP keepalives and ``tcp_user_timeout`` on both ends: a blocked query
+of the leader ends within about a lease when PostgreSQL is gone, and PostgreSQL ends the
+session of a vanished leader (and frees its lock) within about ``lease_s / 2 + 3`` s,
+not after the kernel's default two hours of silence.
 """
 
 from __future__ import annotations
@@ -278,8 +280,12 @@ def _lock_engine(engine: Engine, timings: LeaderTimings) -> Engine:
         isolation_level="AUTOCOMMIT",
         connect_args={
             "connect_timeout": max(2, int(timings.lease_s)),
+            # the server's side too: PostgreSQL frees the lock of a client that vanished
+            # (a partition, a dead host) within about a lease, not after the kernel's 2 h
             "options": f"-c statement_timeout={statement_ms}"
-            f" -c idle_in_transaction_session_timeout={lease_ms}",
+            f" -c idle_in_transaction_session_timeout={lease_ms}"
+            f" -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval=1"
+            f" -c tcp_keepalives_count=3 -c tcp_user_timeout={lease_ms}",
             "keepalives": 1,
             "keepalives_idle": idle,
             "keepalives_interval": 1,
