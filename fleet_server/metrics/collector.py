@@ -57,6 +57,7 @@ INGEST_RESULTS = (
     ("gave_up", "gave_up"),
 )
 """``result`` label of the ingest records counter, and the probe detail key it reads."""
+RECONCILER_EVENTS = ("ticks", "conflicts", "fenced", "command_errors", "tick_errors")
 
 
 def _num(detail: Mapping[str, Any], key: str) -> float | None:
@@ -231,6 +232,19 @@ class FleetCollector:
                 value = _num(source, key)
                 if value is not None:
                     family.add_metric([], value)
+        events = out.counter(
+            "rollout_reconciler_events",
+            "The rollout service's counts, by event: ticks (loop passes), conflicts (another "
+            "replica saved first), fenced (a save or publish refused: no longer the leader), "
+            "command_errors, tick_errors.",
+            ["event"],
+        )
+        stats = rollouts.detail.get("stats") if rollouts is not None else None
+        if isinstance(stats, Mapping):
+            for event in RECONCILER_EVENTS:
+                value = _num(stats, event)
+                if value is not None:
+                    events.add_metric([event], value)
         drift_runs = out.counter("drift_runs", "Runs of the drift job.")
         drift_failures = out.counter("drift_failures", "Runs of the drift job that failed.")
         drift_raised = out.counter("drift_alerts_raised", "Drift alerts the drift job raised.")

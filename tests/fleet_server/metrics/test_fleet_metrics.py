@@ -163,6 +163,14 @@ def test_the_single_replica_leads_with_its_epoch(served: Served) -> None:
     assert epoch is not None
     assert epoch >= 1
 
+    def ticking() -> Scrape | None:  # the leader's reconciler runs: its ticks count
+        s = ok_scrape(served)
+        ticks = s.value(f"{P}rollout_reconciler_events_total", event="ticks") or 0
+        return s if ticks > 0 else None
+
+    s = wait_for(ticking, "the reconciler ticks")
+    assert s.value(f"{P}rollout_reconciler_events_total", event="fenced") == 0.0
+
 
 def test_http_latency_is_labelled_by_route_template_not_raw_path(served: Served) -> None:
     for device_id in ("cam-a", "cam-b"):  # two paths, one route
