@@ -115,6 +115,9 @@ def test_metrics_are_prometheus_text_open_like_healthz_by_default(served: Served
     assert f"{P}part_up" in names
     assert answer.value(f"{P}part_up", part="ingest-0") == 1.0
     assert answer.value(f"{P}metrics_errors_total") is None  # nothing failed to read
+    # the jobs' probes are read (a family without its part would have no sample)
+    for job in ("retention_runs", "retention_failures", "drift_runs", "drift_failures"):
+        assert answer.value(f"{P}{job}_total") is not None, job
 
 
 def test_heartbeats_through_the_broker_raise_the_ingest_counters(served: Served) -> None:
