@@ -15,10 +15,13 @@ One thread per replica (:class:`PgLeader`):
   start of the last renewal that succeeded (a monotonic clock): a leader whose thread is
   stuck on a dead network stops acting by itself.
 
-The connection has TCP keepalives and ``tcp_user_timeout`` on both ends: a blocked query
-of the leader ends within about a lease when PostgreSQL is gone, and PostgreSQL ends the
-session of a vanished leader (and frees its lock) within about ``lease_s / 2 + 3`` s,
-not after the kernel's default two hours of silence.
+Once it holds the lock, its session gets ``idle_session_timeout = lease_s``: a leader
+process that is frozen (SIGSTOP, a stalled VM) and stops renewing loses its session, and
+the lock, after a lease of silence. The connection has TCP keepalives and
+``tcp_user_timeout`` on both ends: a blocked query of the leader ends within about a
+lease when PostgreSQL is gone, and PostgreSQL ends the session of a vanished leader (and
+frees its lock) within about a lease, not after the kernel's default two hours. The
+lease is measured on ``CLOCK_BOOTTIME``, which counts the time a host spent suspended.
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ _RENEW = sa.text(
     " (SELECT epoch FROM cluster_leader WHERE name = :role)"
 )
 _UNLOCK = sa.text("SELECT pg_advisory_unlock(:key)")
+_IDLE_LIMIT = "SELECT set_config('idle_session_timeout', :ms, false)"
+
+
+def _boottime() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended (a lease
+    must not look fresh after a suspended VM resumes)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,8 @@ class PgLeader:
         replica_id: this replica's name (recorded as the term's holder).
         timings: lease, renewal and poll periods.
         role: the ``cluster_leader`` row (and the lock's meaning).
-        clock: monotonic seconds (the lease); ``wall``: POSIX time (acquired_at).
+        clock: monotonic seconds that count suspended time (the lease); ``wall``:
+            POSIX time (acquired_at).
     """
 
     def __init__(
@@ -87,7 +98,7 @@ class PgLeader:
         timings: LeaderTimings = LeaderTimings(),
         *,
         role: str = ROLLOUTS_ROLE,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = _boottime,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.replica_id = replica_id
@@ -215,6 +226,10 @@ class PgLeader:
         self.backend_pid = int(pid)
         if not got:
             return
+        # A leader that stops renewing (frozen, stopped, paused) is cut off by
+        # PostgreSQL after a lease of silence, which frees the lock for a follower.
+        limit_ms = str(int(self.timings.lease_s * 1000))
+        conn.execute(sa.text(_IDLE_LIMIT), {"ms": limit_ms})
         epoch = raise_epoch(conn, self.role, self.replica_id, self.wall())
         with self._lock:
             self._epoch = epoch
