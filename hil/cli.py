@@ -32,6 +32,7 @@ EPILOG = """examples:
   hil run offline packet-loss --scale 0.5
   hil run all --device 'ssh://nvidia@192.168.55.1?iface=eth0' --fleet-host 10.0.0.5
   hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
+  hil bench fleet --devices 10000 --replicas 3 --shards 2 --json .cache/bench-fleet-cluster.json
   hil bench drain --help
 """
 

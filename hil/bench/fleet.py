@@ -11,6 +11,10 @@ processes, each driving its clients from one thread (``client.loop(timeout=0)`` 
 turn). :func:`bench_fleet` returns the figures: heartbeats sent (acknowledged by the
 broker) and stored, lost and duplicated, ingest messages per second per worker and the
 rollout's completion time.
+
+With ``--replicas`` or ``--shards`` above 1, ``hil bench fleet`` runs the cluster bench
+instead (:mod:`hil.bench.cluster`): PostgreSQL, ``fleet-server brokers`` and N
+``fleet-server serve`` replicas as subprocesses, and the leader SIGKILLed mid-rollout.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from fleet_server.repository import KeyStore, Passphrases, Repository
 from fleet_server.repository.bundledir import manifest_target
 from fleet_server.serve import FleetServer, Service, ServiceFactory
 from fleet_server.services import IngestService
+from hil.bench import cluster
 from hil.loopback import free_port
 
 log = logging.getLogger(__name__)
@@ -403,25 +408,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hil bench fleet",
         description="Scale bench: N light agents with TLS identities, heartbeats, a rollout.",
-        epilog="example: hil bench fleet --devices 1000 --duration 30",
+        epilog="examples: hil bench fleet --devices 1000 --duration 30\n"
+        "          hil bench fleet --devices 10000 --replicas 3 --shards 2 --json out.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--devices", type=int, default=1000, help="simulated devices")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of heartbeats")
-    parser.add_argument("--db-url", default=None, help="PostgreSQL URL (default SQLite)")
+    parser.add_argument(
+        "--db-url",
+        default=None,
+        help="PostgreSQL URL (default SQLite; the cluster bench starts its own PostgreSQL)",
+    )
     parser.add_argument(
         "--processes", type=int, default=None, help="agent processes (default: 1 per 300)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    cluster.add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        result = bench_fleet(
-            args.devices,
-            args.duration,
-            db_url=args.db_url,
-            processes=args.processes,
-            progress=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True),
-        )
+        if args.replicas > 1 or args.shards > 1:
+            result = cluster.run(args)
+        else:
+            result = bench_fleet(
+                args.devices,
+                args.duration,
+                db_url=args.db_url,
+                processes=args.processes,
+                progress=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True),
+            )
     except FleetError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
