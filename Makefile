@@ -168,6 +168,8 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --json .cache/bench-review.json
 	$(VENV)/bin/hil bench review --decisions 1000000 --devices 1000 --postgres \
 	  --json .cache/bench-review-pg.json
+	$(VENV)/bin/hil bench retention --rows 100000 --decisions 20000 --batch 1000 5000 \
+	  --json .cache/bench-retention.json
 
 # The six HIL scenarios at CI size (60 s offline and 60 s of loss instead of 10 and 5
 # minutes; the same invariants): a real fleet-server and real agents, each in a network

@@ -24,6 +24,7 @@ from fleet_server.auth.config import AuthSection
 from fleet_server.broker import MosquittoConfig
 from fleet_server.broker.identity import guessable_group
 from fleet_server.db import sqlite_url
+from fleet_server.metrics.config import MetricsSection
 from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
 from fleet_server.retention.config import RetentionSection
 
@@ -518,6 +519,9 @@ class FleetServerConfig(Section):
     cluster: ClusterSection = Field(default_factory=ClusterSection, description="Replicas.")
     retention: RetentionSection = Field(
         default_factory=RetentionSection, description="Retention budgets per table."
+    )
+    metrics: MetricsSection = Field(
+        default_factory=MetricsSection, description="Prometheus metrics on GET /metrics."
     )
     auth: AuthSection = Field(default_factory=AuthSection, description="Sign-in sessions.")
 

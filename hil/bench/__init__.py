@@ -14,6 +14,9 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
   :mod:`~hil.bench.seed_images`).
 - ``restart`` (:mod:`~hil.bench.restart`): ``edge-agent run``'s hot path and companion
   SIGKILLed in turn; the time to the next decision and to ``/healthz`` again.
+- ``retention`` (:mod:`~hil.bench.retention`): one retention pass over 100k heartbeats
+  and 20k decisions with images, SQLite and PostgreSQL: rows/s and the longest
+  transaction.
 
 The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
 """
@@ -24,5 +27,6 @@ BENCHES = {
     "ingest": "hil.bench.ingest",
     "review": "hil.bench.review",
     "restart": "hil.bench.restart",
+    "retention": "hil.bench.retention",
 }
 """``hil bench`` name -> the module whose ``main(argv)`` runs it."""

@@ -145,15 +145,36 @@ def test_the_fleet_example_uncommented_passes_check_config(tmp_path: Path) -> No
     assert json.loads(done.stdout)
 
 
+def _alternative(lines: list[str], header: str) -> list[str]:
+    """``lines`` with the explained alternative ``##   [header]`` block made live (up to
+    the next line that is not part of it)."""
+    out, inside = [], False
+    for line in lines:
+        if line in (f"##   [{header}]", f"##   [[{header}]]"):
+            inside = True
+        elif inside and not line.startswith("## "):
+            inside = False
+        out.append(line[5:] if inside and line.startswith("##   ") else line)
+    return out
+
+
 def test_the_fleet_examples_external_broker_is_a_valid_alternative() -> None:
     text = FLEET.read_text()
     text = text.replace("# managed = true", "# managed = false")
     alt = [re.sub(r"^##   ", "", ln) for ln in text.splitlines() if ln.startswith("##   [broker")]
-    assert alt == ["[broker.external]"]
-    lines = [
-        line[5:] if line.startswith("##   ") and "group" not in line else line
-        for line in text.splitlines()
-    ]
+    assert alt == ["[broker.external]", "[broker.shards.external]"]
+    lines = _alternative(text.splitlines(), "broker.external")
     cfg = parse_fleet_config(parse_toml(uncomment("\n".join(lines)), str(FLEET)), str(FLEET))
     assert cfg.broker.external is not None
     assert cfg.broker.external.host == "mqtt.example.com"
+
+
+def test_the_fleet_examples_shard_is_a_valid_alternative() -> None:
+    lines = FLEET.read_text().splitlines()
+    first = lines.index("##   [[broker.shards]]")
+    last = lines.index("##   [broker.shards.external]")
+    shard = [ln[5:] for ln in lines[first:last] if ln.startswith("##   ")]
+    text = uncomment("\n".join(lines)) + "\n" + "\n".join(shard) + "\n"
+    cfg = parse_fleet_config(parse_toml(text, str(FLEET)), str(FLEET))
+    (one,) = cfg.broker.shards
+    assert (one.name, one.port, one.sites) == ("east", 8884, ["plant-east"])
