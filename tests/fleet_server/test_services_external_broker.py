@@ -81,6 +81,7 @@ def test_services_run_on_an_external_broker_with_the_one_configured_certificate(
     try:
         parts = server.context.health.check()
         assert {n: p.ok for n, p in parts.items()} == {
+            "cluster": True,
             "files": True,
             "ingest-0": True,
             "rollouts": True,
