@@ -170,6 +170,14 @@ class _Failover:
         return self.killed is not None and (self.killed == "" or self.restarted)
 
 
+def _keep_logs(root: Path, dest: Path) -> None:
+    """Copy the processes' logs of this run to ``dest`` (replacing the last run's)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in root.glob("*.log"):
+        shutil.copy2(path, dest / path.name)
+
+
 def bench_cluster(
     devices: int = 60,
     replicas: int = 2,
@@ -232,6 +240,7 @@ def bench_cluster(
     finally:
         if pg is not None:
             stop_cluster(pg)
+        _keep_logs(root, cache / "logs")
         shutil.rmtree(root, ignore_errors=True)
 
 

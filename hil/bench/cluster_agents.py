@@ -63,6 +63,7 @@ class LightAgent:
         self.installs = 0
         self.directives: list[tuple[int, str]] = []
         self.wants_write = False
+        self.started = False
         d = spec["dir"]
         context = ssl.create_default_context(cafile=spec["ca"])
         context.load_cert_chain(f"{d}/{device_id}.crt", f"{d}/{device_id}.key")
@@ -156,6 +157,7 @@ class _Loop:
         sock = agent.client.socket()
         if sock is not None:
             self.sel.register(sock, selectors.EVENT_READ, agent)
+            agent.started = True
 
     def _fail(self, agent: LightAgent, what: str, rc: MQTTErrorCode) -> None:
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not agent.failure:
@@ -174,13 +176,13 @@ class _Loop:
                 if agent.failure or not isinstance(sock, ssl.SSLSocket) or not sock.pending():
                     break
         for agent in self.agents:
-            if agent.wants_write and not agent.failure:
+            if agent.wants_write and agent.started and not agent.failure:
                 self._fail(agent, "write", agent.client.loop_write())
         now = time.monotonic()
         if now >= self.next_misc:
             self.next_misc = now + MISC_EVERY_S
             for agent in self.agents:
-                if not agent.failure:
+                if agent.started and not agent.failure:
                     self._fail(agent, "misc", agent.client.loop_misc())
 
 
