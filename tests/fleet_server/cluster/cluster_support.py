@@ -51,10 +51,17 @@ def wait_for(what: str, predicate: object, timeout_s: float = WAIT_S) -> None:
 
 def terminate_backend(engine: Engine, pid: int | None) -> None:
     """Cut a session from PostgreSQL (what a network partition or a dead host does)."""
+    assert try_terminate_backend(engine, pid)
+
+
+def try_terminate_backend(engine: Engine, pid: int | None) -> bool:
+    """Cut a session if it is still there; whether it was (on a loaded machine a leader's
+    session may already have ended by its own idle_session_timeout)."""
     assert pid is not None
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
+        done = bool(conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar())
         conn.commit()
+    return done
 
 
 def directive_release(payload: bytes) -> int:
