@@ -321,6 +321,7 @@ def _run(
         "heartbeats_sent": len(acked),
         "heartbeats_stored": len(stored),
         "lost": len(acked - stored),
+        "lost_sample": sorted(acked - stored)[:5],
         "duplicated": rows - len(stored),
         "stored_not_acked": len(stored - acked),
         "rollout_phase": phase,
