@@ -36,7 +36,7 @@ from fleet_server.rollout.gates import (
     evaluate,
     tvd,
 )
-from fleet_server.rollout.machine import refusal, step
+from fleet_server.rollout.machine import refusal, step, step_all
 from fleet_server.rollout.plan import DeviceInfo, plan
 from fleet_server.rollout.serialize import dumps, from_dict, loads, to_dict
 from fleet_server.rollout.shadowgate import ShadowSample, evaluate_shadow
@@ -111,6 +111,7 @@ __all__ = [
     "refusal",
     "resolve_waves",
     "step",
+    "step_all",
     "to_dict",
     "tvd",
 ]

@@ -62,6 +62,7 @@ from fleet_server.rollout.events import (
     AssignDirective,
     Cancel,
     Command,
+    DeviceReport,
     LabelReport,
     Notify,
     Operator,
@@ -69,9 +70,8 @@ from fleet_server.rollout.events import (
     Resume,
     RevertDirective,
     Rollback,
-    Tick,
 )
-from fleet_server.rollout.machine import refusal, step
+from fleet_server.rollout.machine import refusal, step, step_all
 from fleet_server.rollout.plan import DeviceInfo, plan
 from fleet_server.rollout.serialize import from_dict, to_dict
 from fleet_server.rollout.spec import RolloutSpec, parse_spec
@@ -233,7 +233,8 @@ class RolloutService:
     # -- the reconciliation loop ------------------------------------------------------
 
     def tick(self) -> int:
-        """One pass: every running rollout gets its devices' changed reports and a Tick;
+        """One pass: every running rollout gets its devices' changed reports, then its
+        phases advance once (:func:`fleet_server.rollout.machine.step_all`);
         returns how many rollouts changed. A rollout that fails is logged and counted,
         the others go on; a fenced one ends the pass (this replica no longer leads)."""
         now = self.clock()
@@ -269,16 +270,13 @@ class RolloutService:
             record, rollout = self._load(rollout_id)
             if rollout.phase in TERMINAL:
                 return 0
-            new, commands = rollout, []
-            for report in collect(self.engine, rollout, now):
-                new, more = step(new, report)
-                commands += more
+            reports: builtins.list[DeviceReport | LabelReport] = [
+                *collect(self.engine, rollout, now)
+            ]
             labels = self._labels(rollout)
             if labels is not None:
-                new, more = step(new, labels)
-                commands += more
-            new, more = step(new, Tick(now))
-            commands += more
+                reports.append(labels)
+            new, commands = step_all(rollout, reports, now)
             if not commands and replace(new, clock=rollout.clock) == rollout:
                 return 0
             try:

@@ -39,6 +39,7 @@ from fleet_server.rollout import (
     plan,
     refusal,
     step,
+    step_all,
 )
 
 T0 = datetime(2024, 3, 4, 0, 0, tzinfo=timezone.utc).timestamp()  # a Monday, 00:00 UTC
@@ -605,6 +606,75 @@ def test_damaged_field_in_stored_state_is_named() -> None:
     with pytest.raises(RolloutError) as info:
         loads(text)
     assert info.value.field == "state.phase"
+
+
+# -- a tick's reports at once (step_all, what the reconciler does) ----------------------
+
+
+@dataclass
+class BatchFleet(Fleet):
+    """Like :class:`Fleet`, but the devices' reports wait for the next tick and are
+    applied together by :func:`step_all`, as the reconciler reads them."""
+
+    inbox: list[DeviceReport] = field(default_factory=list)
+
+    def report(self, device_id: str, **kw: Any) -> list[Command]:
+        self.inbox.append(DeviceReport(device_id, self.now, **kw))
+        return []
+
+    def tick(self, dt: float = 0.0) -> list[Command]:
+        self.now += dt
+        reports, self.inbox = self.inbox, []
+        before = dumps(self.r)
+        self.r, out = step_all(self.r, reports, self.now)
+        assert dumps(self.r) != before or not out  # commands come with a changed state
+        self.cmds += out
+        return out
+
+
+def _batch_fleet(n: int, spec: Any = None) -> BatchFleet:
+    return BatchFleet(plan("ro-1", spec or _spec(), 2, _devices(n), T0, budget_ms=50.0))
+
+
+def test_reports_applied_together_complete_the_same_waves_with_one_directive_each() -> None:
+    one, many = _fleet(40), _batch_fleet(40)
+    one.run()
+    many.run()
+    assert one.r.phase is many.r.phase is Phase.COMPLETED
+    assert [w.devices for w in many.r.waves] == [w.devices for w in one.r.waves]
+    assert many.assigns() == one.assigns() == list(many.r.order)  # each once, in order
+    assert many.r.count(S.DONE) == 40
+
+
+def test_a_bad_device_among_a_ticks_reports_fails_its_wave_and_reverts_it() -> None:
+    f = _batch_fleet(40)
+    wave2 = f.r.order[1:4]
+    f.bad = {wave2[1]}
+    f.run()
+    assert f.r.phase is Phase.ROLLING_BACK
+    assert "gate failed in wave 2" in f.r.reason
+    assert sorted(f.reverts()) == sorted([f.r.order[0], *wave2])
+    assert len(f.assigns()) == 4  # nothing of wave 3 was assigned
+    f.answer()
+    f.tick()
+    assert f.r.phase is Phase.ROLLED_BACK
+
+
+def test_step_all_leaves_its_input_alone_and_equals_stepping_then_a_tick_for_one_report() -> None:
+    f = _fleet(10)
+    f.tick()
+    (device,) = f.assigns()
+    report = DeviceReport(device, f.now + 5, active_bundle="det", active_release=1,
+                          install=InstallOutcome.RUNNING, install_bundle="det",
+                          install_release=2)  # fmt: skip
+    before = dumps(f.r)
+    batched, out = step_all(f.r, [report], f.now + 5)
+    assert dumps(f.r) == before
+    stepped, first = step(f.r, report)
+    stepped, second = step(stepped, Tick(f.now + 5))
+    assert batched == stepped
+    assert out == first + second
+    assert batched.devices[device].status is S.INSTALLING
 
 
 # -- random event sequences -----------------------------------------------------------
