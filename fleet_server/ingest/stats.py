@@ -28,9 +28,9 @@ class IngestStats:
     sink_errors: int = 0
     internal_errors: int = 0
     not_queued: int = 0
-    """Received while stopping or with the queue full: left to the broker to resend."""
+    """Received while stopping: left to the broker to resend after the disconnect."""
     overflow: int = 0
-    """Of ``not_queued``: the queue was full (a broker that ignores Receive Maximum)."""
+    """Messages that found the queue full and waited for room (none is dropped)."""
     unacked: int = 0
     """Handled but not acknowledged (connection lost, or storing abandoned at stop)."""
     first_received: float = 0.0

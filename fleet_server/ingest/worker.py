@@ -10,7 +10,12 @@ Messages are acknowledged by hand, after the sink has stored them: a worker that
 before storing leaves them unacknowledged and the broker delivers them again (to the
 same persistent session, or by MQTT 5 rules to another member of the group). The
 client's Receive Maximum bounds the unacknowledged messages, and so the queue between
-the network thread and the worker's own thread, which validates and stores.
+the network thread and the worker's own thread, which validates and stores. Should the
+queue be full all the same (a resumed persistent session can bring more), the network
+thread waits for room, as long as it takes, rather than drop a message: a message left
+unacknowledged on a connection that stays up is never delivered again. The wait holds
+back the socket (the broker's flow control does the rest); a worker stopped meanwhile
+leaves the message unacknowledged, for the broker to deliver after the disconnect.
 A payload that is oversized, not JSON, not a valid message, or whose device id differs
 from its topic's is quarantined in the sink and counted; so is a record with a device
 time out of bounds (:mod:`fleet_server.ingest.clock`) and a record the sink can't store
@@ -55,7 +60,8 @@ RECONNECT_MIN_S = 1
 RECONNECT_MAX_S = 10
 IDLE_GAP_S = 0.005
 """A batch is flushed early when no message came for this long."""
-ENQUEUE_TIMEOUT_S = 5.0
+ENQUEUE_WAIT_S = 0.5
+"""A full queue is waited on in slices this long, checking for stop between them."""
 UNSUBSCRIBE_TIMEOUT_S = 2.0
 DEFAULT_MAX_LAG_S = 30.0
 DEFAULT_MAX_DISCONNECTED_S = 30.0
@@ -283,12 +289,20 @@ class IngestWorker:
         item = _Item(
             msg.topic, bytes(msg.payload), msg.mid, msg.qos, self._generation, time.monotonic()
         )
-        try:
-            self._queue.put(item, timeout=ENQUEUE_TIMEOUT_S)
-        except queue.Full:
-            stats.overflow += 1
-            stats.not_queued += 1
-            log.error("ingest: queue full, %s left unacknowledged", msg.topic)  # noqa: TRY400
+        waited = False
+        while True:
+            try:
+                self._queue.put(item, timeout=ENQUEUE_WAIT_S)
+            except queue.Full:
+                if not waited:
+                    waited = True
+                    stats.overflow += 1
+                    log.warning("ingest: queue full; the network thread waits for room")
+            else:
+                return
+            if self._stopping.is_set() or self._abort.is_set():
+                stats.not_queued += 1  # delivered again by the broker after the disconnect
+                return
 
     def _on_down(self, reason: str) -> None:
         if not self._stopping.is_set():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -334,6 +335,43 @@ def test_messages_not_stored_are_delivered_again_to_the_restarted_worker(
         assert sorted(b.seq for b in sink.heartbeats.values()) == [0, 1, 2, 3, 4]
     finally:
         second.stop()
+
+
+class GatedSink(MemorySink):
+    """A sink whose heartbeat store waits until the test opens it: a slow database."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def store_heartbeats(self, rows: Sequence[Heartbeat]) -> int:
+        assert self.gate.wait(30)
+        return super().store_heartbeats(rows)
+
+
+def test_a_full_queue_holds_the_network_thread_back_and_drops_nothing(
+    own_mosquitto: Broker, worker_factory: Callable[..., IngestWorker]
+) -> None:
+    sink = GatedSink()
+    worker = worker_factory(sink, receive_maximum=2, batch_size=1)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.connect(own_mosquitto.host, own_mosquitto.port)
+    client.loop_start()
+    try:
+        # QoS 0 is outside Receive Maximum: the broker sends all of it at once.
+        for n in range(8):
+            beat = encode(Heartbeat(device_id="dev-q", seq=n, ts=TS))
+            client.publish(topics.heartbeat("dev-q"), beat, qos=0).wait_for_publish(5)
+        assert _wait(lambda: worker.stats().overflow >= 1)
+        time.sleep(6.0)  # longer than any give-up a network thread could have had
+        sink.gate.set()
+        assert _wait(lambda: len(sink.heartbeats) == 8), sorted(sink.heartbeats)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    assert sorted(b.seq for b in sink.heartbeats.values()) == list(range(8))
+    assert worker.stats().not_queued == 0
+    assert worker.ready
 
 
 def test_two_workers_of_one_shared_group_store_every_record_once(
