@@ -36,7 +36,7 @@ from fleet_server.rollout.gates import (
     evaluate,
     tvd,
 )
-from fleet_server.rollout.machine import refusal, step, step_all
+from fleet_server.rollout.machine import outstanding, refusal, step, step_all
 from fleet_server.rollout.plan import DeviceInfo, plan
 from fleet_server.rollout.serialize import dumps, from_dict, loads, to_dict
 from fleet_server.rollout.shadowgate import ShadowSample, evaluate_shadow
@@ -103,6 +103,7 @@ __all__ = [
     "evaluate_shadow",
     "from_dict",
     "loads",
+    "outstanding",
     "parse_duration",
     "parse_selector",
     "parse_spec",

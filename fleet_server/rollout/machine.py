@@ -86,6 +86,33 @@ def step_all(
     return run.result()
 
 
+def outstanding(rollout: Rollout) -> list[Command]:
+    """The directives the stored state says were sent and not yet answered: an assign to
+    each device still ``assigned`` or ``shadow-assigned``, a revert to each ``reverting``
+    one, in the rollout's order.
+
+    A leader can save a step and lose its lease (or die) before it publishes the step's
+    directives; the next term sends these once again so that none is lost. Each is the
+    directive the device was already told (same bundle, release and mode): a device that
+    got it the first time reports ``noop``.
+    """
+    target, out = rollout.target, list[Command]()
+    for device_id in rollout.order:
+        d = rollout.devices[device_id]
+        if d.status is S.ASSIGNED:
+            out.append(AssignDirective(device_id, target.name, target.release, MODE_ACTIVE))
+        elif d.status is S.SHADOW_ASSIGNED:
+            out.append(AssignDirective(device_id, target.name, target.release, MODE_SHADOW))
+        elif d.status is S.REVERTING:
+            prev = d.previous
+            out.append(
+                RevertDirective(
+                    device_id, prev.name if prev else None, prev.release if prev else None
+                )
+            )
+    return out
+
+
 def refusal(rollout: Rollout, event: Operator) -> str | None:
     """Why ``event`` does not apply in the rollout's phase (None when it does)."""
     phase = rollout.phase

@@ -71,7 +71,7 @@ from fleet_server.rollout.events import (
     RevertDirective,
     Rollback,
 )
-from fleet_server.rollout.machine import refusal, step, step_all
+from fleet_server.rollout.machine import outstanding, refusal, step, step_all
 from fleet_server.rollout.plan import DeviceInfo, plan
 from fleet_server.rollout.serialize import from_dict, to_dict
 from fleet_server.rollout.spec import RolloutSpec, parse_spec
@@ -107,6 +107,8 @@ class ServiceStats:
     published, commands and rollouts that failed."""
 
     ticks: int = 0
+    resent: int = 0
+    """Directives sent again at the start of a term (:func:`outstanding`)."""
     conflicts: int = 0
     fenced: int = 0
     directives: int = 0
@@ -147,6 +149,9 @@ class RolloutService:
         self.directive_expiry = directive_expiry
         self.leader = leader
         self.stats = ServiceStats()
+        self._resent: dict[str, int] = {}
+        """Rollout id -> the term (fencing epoch; 0 unfenced) whose tick re-sent its
+        outstanding directives."""
 
     # -- operator side ----------------------------------------------------------------
 
@@ -270,6 +275,7 @@ class RolloutService:
             record, rollout = self._load(rollout_id)
             if rollout.phase in TERMINAL:
                 return 0
+            self._resend(record, rollout, now)
             reports: builtins.list[DeviceReport | LabelReport] = [
                 *collect(self.engine, rollout, now)
             ]
@@ -290,6 +296,24 @@ class RolloutService:
             self._execute(saved, commands, now, fenced=True)
             return 1
         return 0  # pragma: no cover
+
+    def _resend(self, record: RolloutRecord, rollout: Rollout, now: float) -> None:
+        """Once per term and rollout, before its first step: send again the directives
+        the stored state says are unanswered. The previous leader (or this process
+        before a restart) may have saved them and never published them."""
+        term = 0 if self.leader is None else self.leader.check()
+        if self._resent.get(rollout.rollout_id) == term:
+            return
+        again = outstanding(rollout)
+        if again:
+            log.info(
+                "rollout %s: a new term sends %d unanswered directives again",
+                rollout.rollout_id, len(again),
+            )  # fmt: skip
+            sent = self.stats.directives
+            self._execute(record, again, now, fenced=True)
+            self.stats.resent += self.stats.directives - sent
+        self._resent[rollout.rollout_id] = term
 
     def _labels(self, rollout: Rollout) -> LabelReport | None:
         """The review labels, when the rollout has an accuracy gate and they changed."""

@@ -35,6 +35,7 @@ from fleet_server.rollout import (
     Tick,
     dumps,
     loads,
+    outstanding,
     parse_spec,
     plan,
     refusal,
@@ -675,6 +676,26 @@ def test_step_all_leaves_its_input_alone_and_equals_stepping_then_a_tick_for_one
     assert batched == stepped
     assert out == first + second
     assert batched.devices[device].status is S.INSTALLING
+
+
+def test_outstanding_names_the_unanswered_assigns_and_reverts_as_first_sent() -> None:
+    f = _fleet(40)
+    wave2 = f.r.order[1:4]
+    f.silent = {wave2[0]}
+    f.run(until=lambda r: r.wave == 1 and len(r.waves[1].devices) == 3)
+    f.answer()
+    first = [c for c in f.cmds if isinstance(c, AssignDirective) and c.device_id == wave2[0]]
+    assert len(first) == 1
+    assert outstanding(f.r) == first  # the silent one, exactly as it was told
+
+    g = _fleet(40)
+    g.bad = {wave2[1]}
+    g.run()
+    assert g.r.phase is Phase.ROLLING_BACK
+    waiting = [d for d in g.r.order if g.r.devices[d].status is S.REVERTING]
+    assert waiting  # reverts not confirmed yet
+    again = outstanding(g.r)
+    assert again == [c for c in g.cmds if isinstance(c, RevertDirective) and c.device_id in waiting]
 
 
 # -- random event sequences -----------------------------------------------------------

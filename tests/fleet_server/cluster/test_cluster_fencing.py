@@ -16,7 +16,7 @@ from agent.wire import topics
 from fleet_server.cluster import NotLeader
 from fleet_server.cluster.leader import PgLeader
 from fleet_server.db import open_database, store
-from fleet_server.db.cluster import load_leader
+from fleet_server.db.cluster import ROLLOUTS_ROLE, load_leader, raise_epoch
 from fleet_server.repository import KeyStore, Repository
 from fleet_server.rollout.serialize import from_dict
 from fleet_server.rollout.service import RolloutService
@@ -133,12 +133,28 @@ def test_a_leader_whose_lease_runs_out_after_its_save_publishes_no_directive(
     devices = Devices(pg)
     for d in DEVICES[:2]:
         devices.add(d)
-    service, sent = service_with(pg, fleet, Believer("r", 1, checks=1))  # the save's check
+    # Two checks: the term's first look (nothing outstanding yet) and the save's.
+    service, sent = service_with(pg, fleet, Believer("r", 1, checks=2))
     rid = service.create({**SPEC, "waves": "1,100%"})
     service.tick()
     assert sent == []
     assert service.stats.fenced == 1
     assert phase_key(pg, rid)[0] == "assigning"  # saved under its epoch, then stopped
+    saved = store.load_rollout(pg, rid)
+    assert saved is not None
+    (canary,) = [d for d, s in from_dict(saved.controller_state).devices.items()
+                 if s.status.value == "assigned"]  # fmt: skip
+
+    # The next term sends the saved, never published directive, once.
+    assert raise_epoch(pg, ROLLOUTS_ROLE, "r", time.time()) == 1  # the term that saved
+    term = raise_epoch(pg, ROLLOUTS_ROLE, "r2", time.time())
+    nxt, resent = service_with(pg, fleet, Believer("r2", term))
+    nxt.tick()
+    assert [t for t, _ in resent][:1] == [topics.directive(canary)]
+    assert directive_release(resent[0][1]) == 2
+    assert nxt.stats.resent == 1
+    nxt.tick()
+    assert [t for t, _ in resent].count(topics.directive(canary)) == 1  # once per term
 
 
 def test_a_leader_cut_off_from_postgresql_stops_leading_within_its_lease(pg: Engine) -> None:
