@@ -34,7 +34,7 @@ from fleet_server.api.app import create_app
 from fleet_server.api.context import BrokerEndpoint, ServerContext
 from fleet_server.broker import identity
 from fleet_server.broker.certs import ensure_cert
-from fleet_server.broker.fleet import BrokerSet, advertise_host
+from fleet_server.broker.fleet import BrokerSet, shard_addresses
 from fleet_server.broker.slots import claim_slot
 from fleet_server.ca import FleetCA
 from fleet_server.cluster import open_cluster, replica_name
@@ -320,51 +320,34 @@ class FleetServer:
         server's MQTT identity and replica slot ``slot``'s service identities are issued
         when missing, expiring or no longer from this CA."""
         cfg = self.config
+        addresses = shard_addresses(cfg)
         b = cfg.broker
         if b.external is not None:
-            ext = b.external
-            main = BrokerEndpoint(
-                ext.host,
-                ext.port,
-                ext.ca,
-                ext.cert,
-                ext.key,
-                b.advertise_host or ext.host,
-                b.advertise_port or ext.port,
-            )
-            endpoints = {MAIN_SHARD: main}
-            for shard in b.shards:
-                if shard.external is None:
-                    continue  # the config refuses it; for the type checker
-                e = shard.external
-                endpoints[shard.name] = BrokerEndpoint(
-                    e.host,
-                    e.port,
-                    e.ca,
-                    e.cert,
-                    e.key,
-                    shard.advertise_host or e.host,
-                    shard.advertise_port or e.port,
-                )
+            endpoints = {}
+            for name, a in addresses.items():
+                e = b.external if name == MAIN_SHARD else b.shard(name).external
+                if e is not None:  # shard_addresses lists only shards with one
+                    endpoints[name] = BrokerEndpoint(
+                        a.host, a.port, e.ca, e.cert, e.key, a.advertise_host, a.advertise_port
+                    )
             return endpoints
         key_file = cfg.identity_dir / "fleet-server.key"
         cert_file = cfg.identity_dir / "fleet-server.crt"
         ensure_cert(ca, key_file, cert_file, "the fleet server's MQTT identity", ca.issue_service)
         for service in identity.services_for(cfg.ingest.workers, slot):
             self._service_identity(ca, service)
-        endpoints = {}
-        for name, mq in cfg.shard_mosquitto_configs().items():
-            advertised = b.advertise_port if name == MAIN_SHARD else b.shard(name).advertise_port
-            endpoints[name] = BrokerEndpoint(
-                _connect_host(mq.host),
-                mq.port,
+        return {
+            name: BrokerEndpoint(
+                _connect_host(a.host),
+                a.port,
                 ca.cert_path,
                 cert_file,
                 key_file,
-                advertise_host(cfg, name),
-                advertised or mq.port,
+                a.advertise_host,
+                a.advertise_port,
             )
-        return endpoints
+            for name, a in addresses.items()
+        }
 
     def _service_identity(self, ca: FleetCA, service: str) -> None:
         """Issue service ``service``'s certificate (CN ``fleet:<service>``) when missing,

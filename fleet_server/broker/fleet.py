@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleet_server.broker import identity
@@ -34,6 +35,51 @@ def advertise_host(config: FleetServerConfig, shard: str) -> str:
     if shard == MAIN_SHARD:
         return main
     return b.shard(shard).advertise_host or main
+
+
+@dataclass(frozen=True)
+class ShardAddress:
+    """Where one shard's broker is: ``host``/``port`` as configured (a managed shard's
+    listen address, an external one's host), what devices on it are told, and the site
+    labels that put a device on it."""
+
+    name: str
+    host: str
+    port: int
+    advertise_host: str
+    advertise_port: int
+    managed: bool
+    sites: tuple[str, ...] = ()
+
+
+def shard_addresses(config: FleetServerConfig) -> dict[str, ShardAddress]:
+    """Every shard's address, ``main`` first (managed or external alike)."""
+    b = config.broker
+    if b.external is not None:
+        ext = b.external
+        main = ShardAddress(
+            MAIN_SHARD, ext.host, ext.port,
+            b.advertise_host or ext.host, b.advertise_port or ext.port, managed=False,
+        )  # fmt: skip
+        out = {MAIN_SHARD: main}
+        for shard in b.shards:
+            if shard.external is None:
+                continue  # the config refuses it; for the type checker
+            e = shard.external
+            out[shard.name] = ShardAddress(
+                shard.name, e.host, e.port, shard.advertise_host or e.host,
+                shard.advertise_port or e.port, managed=False, sites=tuple(shard.sites),
+            )  # fmt: skip
+        return out
+    out = {}
+    for name, mq in config.shard_mosquitto_configs().items():
+        entry = None if name == MAIN_SHARD else b.shard(name)
+        advertised = b.advertise_port if entry is None else entry.advertise_port
+        out[name] = ShardAddress(
+            name, mq.host, mq.port, advertise_host(config, name), advertised or mq.port,
+            managed=True, sites=() if entry is None else tuple(entry.sites),
+        )  # fmt: skip
+    return out
 
 
 class BrokerSet:

@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
+from fleet_server.broker.fleet import shard_addresses
 from fleet_server.cli.setup import add_parser as add_setup_parser
 from fleet_server.cluster.status import cluster_status, render
 from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
@@ -108,6 +109,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             "host": cfg.broker.listen_host(),
             "port": cfg.broker.listen_port(),
         },
+        "shards": [
+            {
+                "name": a.name,
+                "managed": a.managed,
+                "address": f"{a.host}:{a.port}",
+                "devices_told": f"{a.advertise_host}:{a.advertise_port}",
+                "sites": list(a.sites),
+            }
+            for a in shard_addresses(cfg).values()
+        ],
         "ca": str(cfg.ca_path),
         "repository": str(cfg.repository_path),
         "keystore": str(cfg.keystore_path),
@@ -120,6 +131,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             f"{args.config}: ok (API {report['api']}, {kind} broker "
             f"{cfg.broker.listen_host()}:{cfg.broker.listen_port()}, state {cfg.state_dir})"
         )
+        if cfg.broker.shards:
+            for shard in report["shards"]:
+                sites = f", sites {', '.join(shard['sites'])}" if shard["sites"] else ""
+                print(
+                    f"  shard {shard['name']}: {shard['address']}, devices told "
+                    f"{shard['devices_told']}{sites}"
+                )
     return 0
 
 

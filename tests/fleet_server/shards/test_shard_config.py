@@ -4,6 +4,9 @@ grants every slot's service identities."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ import pytest
 
 from agent.kernel.errors import ConfigError
 from fleet_server.broker import acl_text, identity
+from fleet_server.broker.fleet import shard_addresses
 from fleet_server.broker.shards import assign_shard
 from fleet_server.broker.slots import SlotError, claim_slot
 from fleet_server.config import parse_config
@@ -115,6 +119,55 @@ def test_each_managed_shard_gets_its_own_state_dir_and_server_certificate() -> N
     )
     assert (eu.cafile, eu.crlfile) == (main.cafile, main.crlfile)
     assert main.state_dir == Path("/srv/fleet/broker")
+
+
+def test_shard_addresses_say_where_each_broker_is_and_what_its_devices_are_told() -> None:
+    managed = shard_addresses(
+        parse_config(
+            {
+                "broker": {
+                    "advertise_host": "fleet.plant",
+                    "mosquitto": {"port": 8883},
+                    "shards": [
+                        {"name": "eu", "port": 9001, "sites": ["eu-1"]},
+                        {"name": "us", "port": 9002, "advertise_host": "us.plant",
+                         "advertise_port": 443},
+                    ],
+                }
+            }
+        )
+    )  # fmt: skip
+    assert [(a.name, a.port, a.advertise_host, a.advertise_port, a.sites, a.managed)
+            for a in managed.values()] == [
+        ("main", 8883, "fleet.plant", 8883, (), True),
+        ("eu", 9001, "fleet.plant", 9001, ("eu-1",), True),
+        ("us", 9002, "us.plant", 443, (), True),
+    ]  # fmt: skip
+    external = shard_addresses(
+        config([{"name": "eu", "external": EXTERNAL, "sites": ["eu-1"]}], managed=False,
+               external={**EXTERNAL, "host": "main.example"})
+    )  # fmt: skip
+    assert [(a.name, a.host, a.port, a.advertise_host, a.managed) for a in external.values()] == [
+        ("main", "main.example", 8883, "main.example", False),
+        ("eu", "eu.example", 8883, "eu.example", False),
+    ]
+
+
+def test_check_config_lists_the_shards(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        '[server]\nstate_dir = "state"\n[broker]\nadvertise_host = "fleet.plant"\n'
+        '[[broker.shards]]\nname = "eu"\nport = 9001\nsites = ["eu-1", "eu-2"]\n'
+    )
+    run = [sys.executable, "-m", "fleet_server.cli.server", "check-config", "--config", str(path)]
+    text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "  shard eu: 127.0.0.1:9001, devices told fleet.plant:9001, sites eu-1, eu-2" in text
+    report = json.loads(
+        subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=60,
+                       check=True).stdout
+    )  # fmt: skip
+    assert [s["name"] for s in report["shards"]] == ["main", "eu"]
+    assert report["shards"][1]["sites"] == ["eu-1", "eu-2"]
 
 
 def test_replicas_claim_distinct_slots_and_a_released_slot_is_taken_again(
