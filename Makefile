@@ -159,7 +159,7 @@ bench: sysdeps $(STAMP) $(MODELS)
 	  --duration 20 --load 0.6 --json .cache/bench-agent.json
 	$(VENV)/bin/edge-agent bench-log --rows 200000 --json .cache/bench-log.json
 	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
-	$(VENV)/bin/hil bench fleet --devices 1000 --replicas 3 --shards 2 \
+	$(VENV)/bin/hil bench fleet --devices 10000 --replicas 3 --shards 2 \
 	  --json .cache/bench-fleet-cluster.json
 	$(VENV)/bin/hil bench drain --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --backlog 100000 --duration 20 --json .cache/bench-drain.json
