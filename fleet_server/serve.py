@@ -312,8 +312,10 @@ class FleetServer:
             return ca
         if not self.config.ca.create:
             raise ServeError("ca", f"no CA in {ca.path} and [ca] create = false")
-        log.info("creating the fleet CA in %s", ca.path)
-        return FleetCA.create(ca.path, passphrases=passphrases)
+        ca, created = FleetCA.open_or_create(ca.path, passphrases)
+        if created:
+            log.info("created the fleet CA in %s", ca.path)
+        return ca
 
     def _identities(self, ca: FleetCA, slot: int) -> dict[str, BrokerEndpoint]:
         """Every shard's endpoint (``main`` first); on a managed fleet, the fleet

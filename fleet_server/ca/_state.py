@@ -74,13 +74,16 @@ def write_state(directory: Path, state: State) -> None:
 
 
 @contextlib.contextmanager
-def locked(directory: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold the CA's lock (one writer across processes) for the ``with`` block.
+def locked(
+    directory: Path, timeout_s: float = LOCK_TIMEOUT_S, name: str = LOCK_NAME
+) -> Iterator[None]:
+    """Hold the CA's lock (one writer across processes) for the ``with`` block: the
+    ``flock`` of ``directory/name``.
 
     Raises:
         CAError: the lock can't be opened, or is held elsewhere past ``timeout_s``.
     """
-    path = directory / LOCK_NAME
+    path = directory / name
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:

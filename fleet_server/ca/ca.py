@@ -148,6 +148,27 @@ class FleetCA:
             ca._write_crl_locked()
         return ca
 
+    @classmethod
+    def open_or_create(
+        cls, path: Path, passphrases: Passphrases | None = None
+    ) -> tuple[FleetCA, bool]:
+        """The CA in ``path``, created first when there is none; whether it was created.
+
+        Several processes starting at once on one state directory (replicas) make one
+        CA between them: the check and the creation hold a lock beside the directory
+        (``.<name>.create.lock`` in its parent), and the others open what the first made.
+
+        Raises:
+            CAError: the lock is held past its timeout, or :meth:`create` fails.
+            PassphraseError: as :meth:`create`.
+        """
+        make_dirs(path.parent)
+        with _state.locked(path.parent, name=f".{path.name}.create.lock"):
+            ca = cls(path, passphrases)
+            if ca.exists():
+                return ca, False
+            return cls.create(path, passphrases=passphrases), True
+
     def certificate(self) -> x509.Certificate:
         """The CA certificate.
 

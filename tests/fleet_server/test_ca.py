@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -93,6 +94,34 @@ def test_ca_is_not_created_without_a_long_passphrase(tmp_path: Path) -> None:
 def test_second_ca_in_the_same_directory_is_refused(ca: FleetCA) -> None:
     with pytest.raises(CAError, match="already holds a CA"):
         FleetCA.create(ca.path, passphrases=_pp())
+
+
+def test_replicas_starting_at_once_on_an_empty_state_dir_make_one_ca(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "ca"
+    start = threading.Barrier(4)
+    results: list[tuple[bytes, bool]] = []
+    failures: list[BaseException] = []
+
+    def replica() -> None:
+        start.wait(10)
+        try:
+            ca, created = FleetCA.open_or_create(path, _pp())
+            results.append((ca.cert_path.read_bytes(), created))
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=replica) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    assert len(results) == 4
+    assert len({cert for cert, _ in results}) == 1  # one CA, the same for all
+    assert sorted(created for _, created in results) == [False, False, False, True]
+    again, created = FleetCA.open_or_create(path, _pp())
+    assert not created
+    assert again.cert_path.read_bytes() == results[0][0]
 
 
 def test_wrong_passphrase_is_named_when_signing(ca: FleetCA) -> None:
