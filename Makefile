@@ -38,15 +38,23 @@ $(STAMP): pyproject.toml $(PINS)
 # `edge-agent setup`'s camera tests compile the kernel's <linux/videodev2.h> (gcc,
 # linux-libc-dev) to check the V4L2 ioctl layouts. tests/systemd rates the packaged units
 # with systemd-analyze (systemd).
+# The RTSP camera fixture (tests/support/rtsp_server.py) runs Debian's GStreamer RTSP
+# server under Debian's own python3 (PyGObject), serving H.264 and H.265 files.
+RTSP_PKG := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base \
+	gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools
+RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); \
+	from gi.repository import GstRtspServer' >/dev/null 2>&1
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
 	chromium cc systemd-analyze
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
-	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd
+	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
+	$(RTSP_PKG)
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
 	  command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing initdb"; \
+	$(RTSP_CHECK) || missing="$$missing gst-rtsp-server"; \
 	[ -f /usr/include/linux/videodev2.h ] || missing="$$missing videodev2.h"; \
 	if [ -n "$$missing" ]; then \
 	  echo "missing:$$missing -- installing $(SYSDEPS_PKG)"; \
