@@ -17,6 +17,8 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
 - ``retention`` (:mod:`~hil.bench.retention`): one retention pass over 100k heartbeats
   and 20k decisions with images, SQLite and PostgreSQL: rows/s and the longest
   transaction.
+- ``decode`` (:mod:`~hil.bench.decode`): decode cost per camera stream (H.264, H.265,
+  720p, 1080p): CPU per frame and the cameras whose decoding fills the cores.
 
 The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
 """
@@ -28,5 +30,6 @@ BENCHES = {
     "review": "hil.bench.review",
     "restart": "hil.bench.restart",
     "retention": "hil.bench.retention",
+    "decode": "hil.bench.decode",
 }
 """``hil bench`` name -> the module whose ``main(argv)`` runs it."""
