@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     b = sub.add_parser(
         "bench",
-        help="run a bench: fleet, drain, ingest, review, restart, retention or decode (its flags follow its name)",
+        help="run a bench: fleet, drain, ingest, review, restart, retention or decode "
+        "(its flags follow its name)",
         epilog="example: hil bench review --decisions 100000 --devices 100 --json out.json\n"
         "         hil bench drain --help",
         formatter_class=argparse.RawDescriptionHelpFormatter,
