@@ -166,6 +166,7 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-agent bench --bundle $(DEMO)/bundles/text-cls --source $(DEMO)/line.avi \
 	  --duration 20 --load 0.6 --json .cache/bench-agent.json
 	$(VENV)/bin/edge-agent bench-log --rows 200000 --json .cache/bench-log.json
+	$(VENV)/bin/hil bench decode --json .cache/bench-decode.json
 	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 	$(VENV)/bin/hil bench fleet --devices 10000 --replicas 3 --shards 2 \
 	  --json .cache/bench-fleet-cluster.json
