@@ -62,7 +62,10 @@ KEY_LOOPS = 8
 """The key-frame-only decode reads the clip this many times (ffmpeg's start, about
 0.1 s, spread over 64 s of video)."""
 MAX_FRAMES = 2_000
-"""Bound on the frames one round reads (a live source never ends by itself)."""
+"""Bound on the frames one round of a file reads."""
+LIVE_FRAMES = 150
+"""Frames one round of a live source (a URL) reads by default (``--frames``): 10 s at
+15 fps. Its ``decode_ms_p50`` includes the wait for each frame; its CPU figures don't."""
 
 
 class DecodeBenchError(HilError):
@@ -232,13 +235,19 @@ def keyframes_cpu_ms(path: Path) -> float | None:
     return round(cpu * 1000 / (KEY_LOOPS * frames / fps), 2)
 
 
-def measure(source: str, name: str, rounds: int, spec: tuple[int, int, str, int] | None) -> Row:
+def measure(
+    source: str,
+    name: str,
+    rounds: int,
+    spec: tuple[int, int, str, int] | None,
+    max_frames: int = MAX_FRAMES,
+) -> Row:
     """The figures of ``source`` over ``rounds`` rounds (the median round's CPU).
 
     Raises:
         DecodeBenchError: as :func:`decode_round`.
     """
-    results = [decode_round(source) for _ in range(max(1, rounds))]
+    results = [decode_round(source, max_frames) for _ in range(max(1, rounds))]
     per_frame = sorted(cpu * 1000 / n for n, _w, cpu in results)
     cpu_ms = statistics.median(per_frame)
     walls = sorted(w for _n, ws, _c in results for w in ws)
@@ -267,7 +276,9 @@ def measure(source: str, name: str, rounds: int, spec: tuple[int, int, str, int]
     )
 
 
-def run(clips: list[str], cache: Path, rounds: int, source: str | None) -> dict[str, Any]:
+def run(
+    clips: list[str], cache: Path, rounds: int, source: str | None, frames: int = LIVE_FRAMES
+) -> dict[str, Any]:
     """The bench's figures (see the module docstring).
 
     Raises:
@@ -275,7 +286,8 @@ def run(clips: list[str], cache: Path, rounds: int, source: str | None) -> dict[
     """
     rows: list[Row] = []
     if source is not None:
-        rows.append(measure(source, "source", rounds, None))
+        live = "://" in source  # a camera sends at its own rate and never ends
+        rows.append(measure(source, "source", rounds, None, frames if live else MAX_FRAMES))
     else:
         for name in clips:
             spec = CLIPS[name]
@@ -315,11 +327,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="which clips (default all)")  # fmt: skip
     parser.add_argument("--source", help="measure this file or URL instead of the clips")
     parser.add_argument("--rounds", type=int, default=3, help="decodes of each clip")
+    parser.add_argument(
+        "--frames", type=int, default=LIVE_FRAMES, help="frames read per round from a URL"
+    )
     parser.add_argument("--cache", default=".cache/bench-decode", help="where clips are kept")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     try:
-        figures = run(args.clips, Path(args.cache), args.rounds, args.source)
+        figures = run(args.clips, Path(args.cache), args.rounds, args.source, args.frames)
     except DecodeBenchError as exc:
         print(f"hil bench decode: {exc}", file=sys.stderr)
         return 1
