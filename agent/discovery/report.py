@@ -1,0 +1,100 @@
+"""``edge-agent cameras``: the V4L2 devices and the ONVIF cameras on the local link, as a
+dict for ``--json`` or a table for a terminal."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agent.discovery import onvif, wsdiscovery
+from agent.setup import cameras as v4l2
+
+log = logging.getLogger(__name__)
+
+MAX_PARALLEL = 8
+"""Cameras asked for their profiles at the same time."""
+
+
+def discover(
+    *,
+    timeout_s: float = 3.0,
+    interface: str | None = None,
+    creds: onvif.Credentials | None = None,
+    http_timeout_s: float = 3.0,
+    network: bool = True,
+    sysfs_root: Path = v4l2.SYSFS_ROOT,
+    dev_dir: Path = v4l2.DEV_DIR,
+) -> dict[str, Any]:
+    """Everything ``edge-agent cameras`` reports, as JSON-able data.
+
+    Raises:
+        DiscoveryError: the probe can't be sent (see :func:`wsdiscovery.probe`).
+    """
+    report: dict[str, Any] = {
+        "v4l2": [c.to_dict() for c in v4l2.list_cameras(sysfs_root, dev_dir)],
+        "onvif": [],
+        "probe": None,
+    }
+    if not network:
+        return report
+    result = wsdiscovery.probe(timeout_s, interface)
+    report["probe"] = vars(result.stats)
+
+    def profiles(match: wsdiscovery.ProbeMatch) -> dict[str, Any]:
+        if not match.xaddrs:
+            return onvif.CameraProfiles(error="no XAddrs in its ProbeMatch").to_dict()
+        return onvif.read_profiles(
+            match.xaddrs[0], creds, http_timeout_s, budget_s=4 * http_timeout_s
+        ).to_dict()
+
+    if result.matches:
+        with ThreadPoolExecutor(min(MAX_PARALLEL, len(result.matches))) as pool:
+            read = list(pool.map(profiles, result.matches))
+        report["onvif"] = [{**m.to_dict(), **p} for m, p in zip(result.matches, read, strict=True)]
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as lines for a terminal."""
+    lines = ["V4L2 devices:"]
+    if not report["v4l2"]:
+        lines.append("  no V4L2 devices")
+    for cam in report["v4l2"]:
+        head = f"  {cam['device']}  {cam['name'] or '?'}"
+        if cam["error"]:
+            lines.append(f"{head}  ({cam['error']})")
+        elif not cam["capture"]:
+            lines.append(f"{head}  (not a video capture node: {cam['driver']})")
+        else:
+            lines.append(f"{head}  [{cam['driver']}, {cam['bus_info']}]")
+            for fmt in cam["formats"]:
+                sizes = " ".join(fmt["sizes"]) or "sizes not listed"
+                lines.append(f"      {fmt['fourcc']:<4} {fmt['description']}: {sizes}")
+    stats = report["probe"]
+    if stats is None:
+        lines.append("ONVIF cameras: not probed (--no-network)")
+        return "\n".join(lines) + "\n"
+    on = f" on {stats['interface']}" if stats["interface"] else ""
+    skipped = stats["oversized"] + stats["unparsable"] + stats["unrelated"]
+    lines.append(
+        f"ONVIF cameras (WS-Discovery{on}, TTL {stats['ttl']}, {stats['elapsed_s']:.1f} s, "
+        f"{stats['datagrams']} replies, {skipped} skipped):"
+    )
+    if not report["onvif"]:
+        lines.append("  none answered")
+    for cam in report["onvif"]:
+        label = " ".join(x for x in (cam["name"], cam["hardware"]) if x) or "?"
+        lines.append(f"  {label}  {cam['endpoint'] or cam['sender']}")
+        lines.append(f"    xaddrs: {' '.join(cam['xaddrs']) or '-'}")
+        if cam["error"]:
+            lines.append(f"    profiles: not read ({cam['error']})")
+            continue
+        if not cam["profiles"]:
+            lines.append("    profiles: none")
+        for p in cam["profiles"]:
+            video = f"{p['encoding']} {p['width']}x{p['height']}" if p["encoding"] else "?"
+            where = p["uri"] or f"no URI ({p['uri_error']})"
+            lines.append(f"    {p['name'] or p['token']} [{video}]: {where}")
+    return "\n".join(lines) + "\n"

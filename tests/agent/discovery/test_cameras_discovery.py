@@ -1,0 +1,396 @@
+"""``edge-agent cameras`` against an ONVIF camera written here: a WS-Discovery responder (a
+UDP socket joined to 239.255.255.250:3702) and a small HTTP server answering
+GetCapabilities, GetProfiles and GetStreamUri with canned ONVIF SOAP. Each test makes its
+own network namespace (only ``lo``, multicast on), so the real group and port are used
+without touching the host's network or another test's responder; the command runs in it
+through ``ip netns exec`` as a subprocess."""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import hashlib
+import http.server
+import json
+import os
+import re
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+GROUP, PORT = "239.255.255.250", 3702
+CLONE_NEWNET = 0x40000000
+USER, PASSWORD = "admin", "s3cret-pw"
+IP_RECVTTL = getattr(socket, "IP_RECVTTL", 12)  # <linux/in.h>; Python 3.11 lacks the name
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    name = f"edf-disc-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        subprocess.run(
+            ["ip", "-n", name, "link", "set", "lo", "up", "multicast", "on"], check=True, timeout=10
+        )
+        subprocess.run(
+            ["ip", "-n", name, "route", "add", "224.0.0.0/4", "dev", "lo"], check=True, timeout=10
+        )
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=10)
+
+
+def in_netns(name: str, make: Callable[[], object]) -> object:
+    """Run ``make`` on a thread that entered netns ``name``; sockets it opens stay there."""
+    out: dict[str, object] = {}
+
+    def enter() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                out["error"] = OSError(ctypes.get_errno(), "setns")
+                return
+        finally:
+            os.close(fd)
+        try:
+            out["value"] = make()
+        except Exception as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=enter)
+    t.start()
+    t.join(10)
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["value"]
+
+
+# ---- the camera's HTTP side ---------------------------------------------------------------
+
+ENV = (
+    '<?xml version="1.0" encoding="UTF-8"?><s:Envelope '
+    'xmlns:s="http://www.w3.org/2003/05/soap-envelope" '
+    'xmlns:tds="http://www.onvif.org/ver10/device/wsdl" '
+    'xmlns:trt="http://www.onvif.org/ver10/media/wsdl" '
+    'xmlns:tt="http://www.onvif.org/ver10/schema"><s:Body>{}</s:Body></s:Envelope>'
+)
+PROFILES = (
+    '<trt:GetProfilesResponse><trt:Profiles token="main_tok" fixed="true"><tt:Name>MainStream'
+    '</tt:Name><tt:VideoEncoderConfiguration token="v0"><tt:Name>v0</tt:Name>'
+    "<tt:Encoding>H264</tt:Encoding><tt:Resolution><tt:Width>1920</tt:Width><tt:Height>1080"
+    "</tt:Height></tt:Resolution></tt:VideoEncoderConfiguration></trt:Profiles>"
+    '<trt:Profiles token="sub_tok"><tt:Name>SubStream</tt:Name><tt:VideoEncoderConfiguration>'
+    "<tt:Encoding>H264</tt:Encoding><tt:Resolution><tt:Width>640</tt:Width><tt:Height>360"
+    "</tt:Height></tt:Resolution></tt:VideoEncoderConfiguration></trt:Profiles>"
+    "</trt:GetProfilesResponse>"
+)
+FAULT = (
+    "<s:Fault><s:Code><s:Value>s:Sender</s:Value><s:Subcode><s:Value>ter:NotAuthorized"
+    '</s:Value></s:Subcode></s:Code><s:Reason><s:Text xml:lang="en">Sender not authorized'
+    "</s:Text></s:Reason></s:Fault>"
+)
+
+
+def _authorized(body: str) -> bool:
+    def get(tag: str) -> str:
+        m = re.search(rf"<wsse:{tag}[^>]*>([^<]*)</wsse:{tag}>", body)
+        return m.group(1) if m else ""
+
+    created = re.search(r"<wsu:Created>([^<]*)</wsu:Created>", body)
+    if not created or get("Username") != USER:
+        return False
+    nonce = base64.b64decode(get("Nonce"))
+    want = hashlib.sha1(nonce + created.group(1).encode() + PASSWORD.encode()).digest()  # noqa: S324 - the spec's digest
+    return get("Password") == base64.b64encode(want).decode() and PASSWORD not in body
+
+
+def camera_http(needs_auth: bool) -> http.server.ThreadingHTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            n = min(int(self.headers.get("Content-Length", "0")), 1 << 16)
+            body = self.rfile.read(n).decode()
+            port = self.server.server_address[1]
+            status = 200
+            if needs_auth and not _authorized(body):
+                status, answer = 400, FAULT
+            elif "GetCapabilities" in body:
+                answer = (
+                    "<tds:GetCapabilitiesResponse><tds:Capabilities><tt:Media><tt:XAddr>"
+                    f"http://127.0.0.1:{port}/onvif/media</tt:XAddr></tt:Media>"
+                    "</tds:Capabilities></tds:GetCapabilitiesResponse>"
+                )
+            elif "GetProfiles" in body and self.path == "/onvif/media":
+                answer = PROFILES
+            elif "GetStreamUri" in body and self.path == "/onvif/media":
+                token = re.search(r"<trt:ProfileToken>([^<]*)<", body)
+                stream = token.group(1) if token else "?"
+                answer = (
+                    "<trt:GetStreamUriResponse><trt:MediaUri><tt:Uri>"
+                    f"rtsp://127.0.0.1:8554/{stream}</tt:Uri></trt:MediaUri>"
+                    "</trt:GetStreamUriResponse>"
+                )
+            else:
+                status, answer = 400, "<s:Fault/>"
+            data = ENV.format(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/soap+xml")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+
+
+# ---- the camera's WS-Discovery side -------------------------------------------------------
+
+
+def probe_match(relates_to: str, xaddr: str, endpoint: str = "urn:uuid:cam-1") -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><SOAP-ENV:Envelope '
+        'xmlns:SOAP-ENV="http://www.w3.org/2003/05/soap-envelope" '
+        'xmlns:wsa="http://schemas.xmlsoap.org/ws/2004/08/addressing" '
+        'xmlns:d="http://schemas.xmlsoap.org/ws/2005/04/discovery" '
+        'xmlns:dn="http://www.onvif.org/ver10/network/wsdl"><SOAP-ENV:Header>'
+        f"<wsa:MessageID>urn:uuid:{uuid.uuid4()}</wsa:MessageID>"
+        f"<wsa:RelatesTo>{relates_to}</wsa:RelatesTo>"
+        "<wsa:To>http://schemas.xmlsoap.org/ws/2004/08/addressing/role/anonymous</wsa:To>"
+        "<wsa:Action>http://schemas.xmlsoap.org/ws/2005/04/discovery/ProbeMatches</wsa:Action>"
+        "</SOAP-ENV:Header><SOAP-ENV:Body><d:ProbeMatches><d:ProbeMatch>"
+        f"<wsa:EndpointReference><wsa:Address>{endpoint}</wsa:Address></wsa:EndpointReference>"
+        "<d:Types>dn:NetworkVideoTransmitter tds:Device</d:Types>"
+        "<d:Scopes>onvif://www.onvif.org/type/video_encoder "
+        "onvif://www.onvif.org/name/Line%203%20cam onvif://www.onvif.org/hardware/IPC-T1"
+        f"</d:Scopes><d:XAddrs>{xaddr}</d:XAddrs><d:MetadataVersion>1</d:MetadataVersion>"
+        "</d:ProbeMatch></d:ProbeMatches></SOAP-ENV:Body></SOAP-ENV:Envelope>"
+    ).encode()
+
+
+GARBAGE = [
+    b"\x00\xff not xml at all",
+    b"<a>" * 20000,  # oversized (60 kB)
+    b'<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;">]>'
+    b"<l>&b;</l>",
+    b'<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope"><s:Body/></s:Envelope>',
+    b"<unclosed><tag>",
+]
+
+
+@dataclass
+class Responder:
+    """Answers each Probe; records the TTL each probe arrived with."""
+
+    sock: socket.socket
+    xaddr: str
+    garbage: bool = False
+    ttls: list[int] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def serve(self) -> None:
+        while not self.stop.is_set():
+            ready, _, _ = select.select([self.sock], [], [], 0.1)
+            if not ready:
+                continue
+            data, anc, _flags, addr = self.sock.recvmsg(65535, socket.CMSG_SPACE(4))
+            for level, kind, value in anc:
+                if level == socket.IPPROTO_IP and kind == socket.IP_TTL:
+                    self.ttls.append(struct.unpack("=i", value[:4])[0])
+            m = re.search(rb"MessageID>([^<]+)<", data)
+            if not m:
+                continue
+            if self.garbage:
+                for g in GARBAGE:
+                    self.sock.sendto(g, addr)
+            self.sock.sendto(probe_match(m.group(1).decode(), self.xaddr), addr)
+
+
+def responder_socket() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", PORT))
+    mreqn = struct.pack("=4s4si", socket.inet_aton(GROUP), bytes(4), socket.if_nametoindex("lo"))
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn)
+    s.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+    return s
+
+
+@pytest.fixture
+def camera(netns: str) -> Iterator[Callable[..., Responder]]:
+    stops: list[Callable[[], None]] = []
+
+    def start(
+        *, needs_auth: bool = False, garbage: bool = False, xaddr: str | None = None
+    ) -> Responder:
+        server = in_netns(netns, lambda: camera_http(needs_auth))
+        assert isinstance(server, http.server.ThreadingHTTPServer)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        stops.append(server.shutdown)
+        stops.append(server.server_close)
+        port = server.server_address[1]
+        sock = in_netns(netns, responder_socket)
+        assert isinstance(sock, socket.socket)
+        r = Responder(sock, xaddr or f"http://127.0.0.1:{port}/onvif/device_service", garbage)
+        t = threading.Thread(target=r.serve, daemon=True)
+        t.start()
+        stops.append(lambda: (r.stop.set(), t.join(5), sock.close()))
+        return r
+
+    yield start
+    for stop in stops:
+        stop()
+
+
+def cameras(
+    netns: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-m", "agent.cli", "cameras", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_cameras_json_lists_an_onvif_camera_with_its_profiles_and_rtsp_uris(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    responder = camera()
+    run = cameras(netns, "--json", "--timeout", "1.5")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    [cam] = report["onvif"]
+    assert cam["endpoint"] == "urn:uuid:cam-1"
+    assert cam["name"] == "Line 3 cam"
+    assert cam["hardware"] == "IPC-T1"
+    assert cam["xaddrs"] == [responder.xaddr]
+    assert cam["error"] == ""
+    assert cam["media_xaddr"].endswith("/onvif/media")
+    main, sub = cam["profiles"]
+    assert (main["name"], main["encoding"], main["width"], main["height"]) == (
+        "MainStream",
+        "H264",
+        1920,
+        1080,
+    )
+    assert main["uri"] == "rtsp://127.0.0.1:8554/main_tok"
+    assert sub["uri"] == "rtsp://127.0.0.1:8554/sub_tok"
+    assert report["probe"]["matches"] == 1
+    assert report["v4l2"] == []
+
+
+def test_the_probe_leaves_with_a_multicast_ttl_of_one(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    responder = camera()
+    run = cameras(netns, "--json", "--timeout", "1", "--interface", "lo")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["probe"]["ttl"] == 1
+    # the probe is sent twice (SOAP-over-UDP repeat); each arrived with TTL 1
+    assert responder.ttls
+    assert set(responder.ttls) == {1}
+
+
+def test_garbage_oversized_and_dtd_replies_are_counted_and_skipped(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    camera(garbage=True)
+    run = cameras(netns, "--json", "--timeout", "1.5")
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert [c["endpoint"] for c in report["onvif"]] == ["urn:uuid:cam-1"]
+    assert report["onvif"][0]["profiles"][0]["uri"].startswith("rtsp://")
+    stats = report["probe"]
+    assert stats["oversized"] >= 1
+    assert stats["unparsable"] >= 3  # not XML, DTD, unclosed
+    assert stats["unrelated"] >= 1  # an envelope that is no ProbeMatches
+    assert stats["duplicates"] >= 1  # the repeated probe's second answer
+
+
+def test_a_camera_that_wants_credentials_is_listed_unread_without_them_and_read_with_them(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    responder = camera(needs_auth=True)
+    run = cameras(netns, "--timeout", "1")
+    assert run.returncode == 0, run.stderr
+    assert f"xaddrs: {responder.xaddr}" in run.stdout
+    assert "profiles: not read (unauthorized)" in run.stdout
+    good = cameras(netns, "--timeout", "1", "--user", USER, env={"CAM_PASSWORD": PASSWORD})
+    assert good.returncode == 0, good.stderr
+    assert "MainStream [H264 1920x1080]: rtsp://127.0.0.1:8554/main_tok" in good.stdout
+    assert "SubStream [H264 640x360]: rtsp://127.0.0.1:8554/sub_tok" in good.stdout
+
+
+def test_a_camera_whose_http_never_answers_is_listed_with_the_reason(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    def silent() -> socket.socket:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)  # accepted by the kernel, never answered
+        return s
+
+    mute = in_netns(netns, silent)
+    assert isinstance(mute, socket.socket)
+    try:
+        xaddr = f"http://127.0.0.1:{mute.getsockname()[1]}/onvif/device_service"
+        camera(xaddr=xaddr)
+        run = cameras(netns, "--json", "--timeout", "1", "--http-timeout", "0.5")
+    finally:
+        mute.close()
+    assert run.returncode == 0, run.stderr
+    [cam] = json.loads(run.stdout)["onvif"]
+    assert cam["xaddrs"] == [xaddr]
+    assert cam["profiles"] == []
+    assert "timed out" in cam["error"]
+
+
+def test_nothing_answering_ends_the_probe_at_its_timeout_and_says_so(netns: str) -> None:
+    run = cameras(netns, "--timeout", "1")  # bounded by subprocess timeout=60 in cameras()
+    assert run.returncode == 0, run.stderr
+    assert "no V4L2 devices" in run.stdout
+    assert "none answered" in run.stdout
+    report = json.loads(cameras(netns, "--json", "--timeout", "0.5").stdout)
+    assert report["onvif"] == []
+    assert report["probe"]["elapsed_s"] >= 0.5  # it listened for its whole timeout
+
+
+def test_an_unknown_interface_is_a_one_line_error() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "cameras", "--interface", "nosuch0", "--timeout", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip() == "edge-agent: camera discovery: no network interface 'nosuch0'"
+
+
+def test_no_network_lists_v4l2_only_and_sends_nothing() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "cameras", "--no-network", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"v4l2": [], "onvif": [], "probe": None}
