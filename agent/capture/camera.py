@@ -11,13 +11,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from agent.capture.backoff import Backoff
 from agent.capture.config import CameraConfig
 from agent.capture.frame import Frame
 from agent.capture.latest import LatestSlot
+from agent.capture.rtsp import SourceFailure, failure_of
 from agent.capture.sources import EndOfStream, Image, Source, make_source
 from agent.errors import CaptureError
 
@@ -50,6 +51,9 @@ class CameraStats:
             took them: above 0 the pipeline can't keep up with the camera.
         starved: the camera delivers frames but no consumer took one for
             :data:`STARVED_AFTER_S` (or ten frame periods): it is not served at all.
+        failure: the reason word of the last failure (:data:`agent.capture.rtsp.FAILURES`:
+            refused, unauthorized, not_found, timeout, stalled, ended...; "" if none).
+        failures: failures counted by reason word.
     """
 
     frames_captured: int
@@ -63,6 +67,8 @@ class CameraStats:
     frames_taken: int = 0
     drop_ratio: float = 0.0
     starved: bool = False
+    failure: str = ""
+    failures: Mapping[str, int] = field(default_factory=dict)
 
 
 class Camera:
@@ -82,6 +88,8 @@ class Camera:
         self._up = False
         self._reported: bool | None = None
         self._last_error = ""
+        self._failure = ""
+        self._failures: dict[str, int] = {}
         self._captured = 0
         self._skipped = 0
         self._reopens = 0
@@ -153,6 +161,8 @@ class Camera:
                 frames_taken=self._slot.taken,
                 drop_ratio=self._drop_ratio(),
                 starved=self._starved(),
+                failure=self._failure,
+                failures=dict(self._failures),
             )
 
     def _drop_ratio(self) -> float:
@@ -191,17 +201,19 @@ class Camera:
                 if self._session(backoff):
                     return
             except CaptureError as e:
-                self._failed(e.reason, backoff)
+                self._failed(e.reason, failure_of(e), backoff)
             except Exception as e:  # a bug in one source must not end its camera
                 logger.exception("camera %s: unexpected error in capture", self.name)
-                self._failed(f"{type(e).__name__}: {e}", backoff)
+                self._failed(f"{type(e).__name__}: {e}", "unknown", backoff)
         self._set_state(up=False, reason="stopped")
 
-    def _failed(self, reason: str, backoff: Backoff) -> None:
+    def _failed(self, reason: str, failure: str, backoff: Backoff) -> None:
         delay = backoff.next()
         with self._lock:
             self._errors += 1
             self._last_error = reason
+            self._failure = failure
+            self._failures[failure] = self._failures.get(failure, 0) + 1
         logger.warning("camera %s: %s; reopening in %.1f s", self.name, reason, delay)
         self._set_state(up=False, reason=reason)
         self._stop.wait(delay)
@@ -215,6 +227,7 @@ class Camera:
         except EndOfStream as e:
             with self._lock:
                 self._last_error = e.reason
+                self._failure = "ended"
             logger.info("camera %s: %s", self.name, e.reason)
             self._set_state(up=False, reason=e.reason)
             return True
@@ -241,7 +254,9 @@ class Camera:
             wall = time.time()
             if image is None:
                 if t_ns - last_frame_ns > stall_ns:
-                    raise CaptureError(self.name, f"no frame for {c.stall_timeout_s:g} s")
+                    raise SourceFailure(
+                        self.name, "stalled", f"no frame for {c.stall_timeout_s:g} s"
+                    )
                 self._stop.wait(min(_IDLE_WAIT_S, period_ns / 1e9))
                 continue
             last_frame_ns = t_ns

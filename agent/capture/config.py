@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from agent.kernel.configbase import Section
 
@@ -99,6 +100,30 @@ class CameraConfig(Section):
         description="Longest wait between reopen attempts; the wait doubles up to this.",
     )
     line: str = Field("", description="Production line this camera watches (for policy).")
+    transport: Literal["tcp", "udp", "auto"] = Field(
+        "tcp",
+        description=(
+            "RTSP: how the video travels: tcp (interleaved in the RTSP connection; the "
+            "default, it passes NAT and firewalls and loses nothing), udp (lower latency "
+            "on a clean network, loses frames on a busy one), or auto (FFmpeg's choice: "
+            "UDP first, then TCP)."
+        ),
+    )
+    username: str = Field(
+        "",
+        max_length=256,
+        description="RTSP/HTTP user name; its password comes from password_env.",
+    )
+    password_env: str = Field(
+        "",
+        pattern=r"^$|^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=128,
+        description=(
+            "Name of the secret holding the camera's password: a file of that name in "
+            "$CREDENTIALS_DIRECTORY (systemd LoadCredential), else the environment "
+            "variable. Never the password itself."
+        ),
+    )
 
     @field_validator("uri")
     @classmethod
@@ -113,6 +138,12 @@ class CameraConfig(Section):
             raise ValueError(
                 f"uri {uri!r} of a {kind} camera must start with {' or '.join(schemes)}"
             )
+        if schemes and _has_password(uri):
+            raise ValueError(
+                "uri carries a password in clear; put the user in 'username' and the "
+                "password in a secret named by 'password_env' (a file in "
+                "$CREDENTIALS_DIRECTORY or an environment variable)"
+            )
         return uri
 
     @field_validator("backoff_max_s")
@@ -124,3 +155,22 @@ class CameraConfig(Section):
                 f"backoff_max_s ({backoff_max_s}) is less than backoff_initial_s ({initial})"
             )
         return backoff_max_s
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> CameraConfig:
+        if self.password_env and not self.username:
+            raise ValueError("password_env is set but username is empty")
+        if (self.username or self.password_env) and self.kind not in _URL_SCHEMES:
+            raise ValueError(
+                f"username and password_env apply to rtsp and http cameras, not {self.kind}"
+            )
+        if self.username and "@" in urlsplit(self.uri).netloc:
+            raise ValueError("the user is given twice: in uri and in username; keep username")
+        return self
+
+
+def _has_password(uri: str) -> bool:
+    try:
+        return urlsplit(uri).password is not None
+    except ValueError:
+        return False

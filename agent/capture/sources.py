@@ -6,7 +6,9 @@ get open and read timeouts so a dead server can't hang the capture thread.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.capture.config import CameraConfig
+from agent.capture.rtsp import FfmpegOptions, SourceFailure, ffmpeg_options, probe, stream_url
 from agent.capture.synthetic import Pattern
 from agent.errors import CaptureError
 
@@ -28,6 +31,12 @@ IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pnm"}
 )
 _LIVE_KINDS = frozenset({"v4l2", "rtsp", "http"})
+_PROBED_KINDS = frozenset({"rtsp"})  # failures with a reason word (HTTP: future)
+
+
+@functools.cache
+def _ffmpeg_options() -> FfmpegOptions:
+    return FfmpegOptions()
 
 
 class EndOfStream(CaptureError):
@@ -125,6 +134,10 @@ class VideoCaptureSource(Source):
     Streams open with ``CAP_PROP_OPEN_TIMEOUT_MSEC`` (``open_timeout_s``) and read with
     ``CAP_PROP_READ_TIMEOUT_MSEC`` (``stall_timeout_s``); OpenCV honours these for FFmpeg
     only, so a V4L2 read is bounded by OpenCV's own device timeout (10 s by default).
+    A stream failure carries its reason word (:class:`SourceFailure`): a failed RTSP open
+    is probed for it; a read that ran into the read timeout is ``stalled`` (OpenCV then
+    still hands out the frames its decoder held back, one per timeout), a read that
+    found the stream over is ``ended``.
     """
 
     def __init__(self, config: CameraConfig) -> None:
@@ -137,18 +150,31 @@ class VideoCaptureSource(Source):
         c = self.config
         if c.kind == "file" and not Path(c.uri).is_file():
             raise CaptureError(c.name, f"video file {c.uri} does not exist")
+        t0 = time.monotonic()
         try:
             cap = self._create()
         except cv2.error as e:
             raise CaptureError(c.name, f"can't open {redact(c.uri)}: {e}") from e
         if not cap.isOpened():
             cap.release()
+            if c.kind in _PROBED_KINDS:
+                raise self._open_failure(time.monotonic() - t0)
             raise CaptureError(c.name, f"can't open {c.kind} source {redact(c.uri)}")
         if c.kind == "v4l2":
             cap.set(cv2.CAP_PROP_FRAME_WIDTH, c.width)
             cap.set(cv2.CAP_PROP_FRAME_HEIGHT, c.height)
         self._cap = cap
         self._frames_since_open = 0
+
+    def _open_failure(self, elapsed_s: float) -> SourceFailure:
+        c = self.config
+        if elapsed_s >= c.open_timeout_s * 0.95:
+            failure, detail = "timeout", f"no stream within {c.open_timeout_s:g} s"
+        elif c.kind == "rtsp":
+            failure, detail = probe(c, c.open_timeout_s)
+        else:
+            failure, detail = "unknown", "no stream"
+        return SourceFailure(c.name, failure, f"can't open {redact(c.uri)}: {detail} ({failure})")
 
     def _create(self) -> cv2.VideoCapture:
         c = self.config
@@ -163,7 +189,11 @@ class VideoCaptureSource(Source):
             cv2.CAP_PROP_READ_TIMEOUT_MSEC,
             int(c.stall_timeout_s * 1000),
         ]
-        return cv2.VideoCapture(c.uri, cv2.CAP_FFMPEG, params)
+        url = stream_url(c)
+        if c.kind != "rtsp":
+            return cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
+        with _ffmpeg_options().use(ffmpeg_options(c), c.open_timeout_s + 5):
+            return cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
 
     def _read_once(self) -> Image | None:
         if self._cap is None:
@@ -176,9 +206,16 @@ class VideoCaptureSource(Source):
 
     def read(self) -> Image | None:
         c = self.config
+        t0 = time.monotonic()
         image = self._read_once()
+        if c.kind in _PROBED_KINDS and time.monotonic() - t0 >= c.stall_timeout_s * 0.95:
+            raise SourceFailure(
+                c.name, "stalled", f"no data from {redact(c.uri)} for {c.stall_timeout_s:g} s"
+            )
         if image is not None:
             return image
+        if c.kind in _PROBED_KINDS:
+            raise SourceFailure(c.name, "ended", f"stream {redact(c.uri)} ended or dropped")
         if c.kind != "file":
             raise CaptureError(
                 c.name, f"no frame from {redact(c.uri)} (disconnected, ended or timed out)"
