@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,3 +216,24 @@ def rtsp_server(rtsp_videos: dict[str, Path]) -> Iterator[RtspServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def make_rtsp_server(
+    rtsp_videos: dict[str, Path],
+) -> Iterator[Callable[..., RtspServer]]:
+    """``make_rtsp_server(user=..., password=...)``: a started server with mount ``/h264``
+    (and any other options of :class:`RtspServer`); every one is stopped after the test."""
+    started: list[RtspServer] = []
+
+    def make(**options: str) -> RtspServer:
+        server = RtspServer({"/h264": (rtsp_videos["h264"], "h264")}, **options)  # type: ignore[arg-type]
+        started.append(server)
+        server.start()
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()

@@ -1,0 +1,234 @@
+"""RTSP cameras against a real RTSP server (GStreamer's, on loopback) read by the real
+OpenCV: the rate, the transports and codecs, a server restart, a stall with the socket
+open, a wrong password, a wrong path, a refused connection, a stream that ends; and a
+password in the configuration file refused by ``check-config``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from agent.capture import Camera, CameraConfig
+from tests.support.broker import free_port
+
+if TYPE_CHECKING:
+    from tests.support.rtsp import RtspServer
+
+pytest_plugins = ["tests.support.rtsp"]
+
+pytestmark = pytest.mark.timeout(240)
+
+PASSWORD_SECRET = "EDGEFLEET_TEST_CAMERA_PASSWORD"  # noqa: S105 - the secret's name
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds it took until ``predicate()``; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class StateLog:
+    def __init__(self) -> None:
+        self.events: list[tuple[bool, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, up: bool, reason: str) -> None:
+        with self._lock:
+            self.events.append((up, reason))
+
+    def ups(self) -> list[bool]:
+        with self._lock:
+            return [up for up, _ in self.events]
+
+
+@pytest.fixture
+def cameras() -> Iterator[list[Camera]]:
+    started: list[Camera] = []
+    yield started
+    for camera in started:
+        camera.stop(timeout_s=10.0)
+
+
+def start(cameras: list[Camera], log: StateLog | None = None, **fields: object) -> Camera:
+    config = CameraConfig.model_validate({"name": "dock", "kind": "rtsp", **fields})
+    camera = Camera(config, on_state=log)
+    cameras.append(camera)
+    camera.start()
+    return camera
+
+
+@pytest.mark.parametrize(
+    ("mount", "transport"),
+    [("/h264", "tcp"), ("/h264", "udp"), ("/h265", "tcp"), ("/h265", "auto")],
+)
+def test_rtsp_camera_delivers_frames_at_its_configured_rate_over_each_transport_and_codec(
+    rtsp_server: RtspServer, cameras: list[Camera], mount: str, transport: str
+) -> None:
+    camera = start(cameras, uri=rtsp_server.url(mount), fps=5, transport=transport)
+    wait_for(lambda: camera.stats().frames_captured >= 10, 20, "10 frames")
+    frame = camera.latest(5.0)
+    assert frame is not None
+    assert frame.image.shape == (360, 640, 3)
+    stats = camera.stats()
+    assert stats.up
+    assert stats.failures == {}
+    # the server sends 15 frames a second, the camera publishes 5: two of three are skipped
+    assert stats.frames_skipped > stats.frames_captured
+
+
+def test_rtsp_camera_captures_again_after_its_server_is_killed_and_restarted_on_the_same_port(
+    rtsp_server: RtspServer, cameras: list[Camera]
+) -> None:
+    log = StateLog()
+    camera = start(cameras, log, uri=rtsp_server.url("/h264"), backoff_max_s=2.0)
+    wait_for(lambda: camera.up, 15, "the camera to come up")
+
+    rtsp_server.kill()  # the camera crashes: its connection is reset
+    wait_for(lambda: not camera.up, 10, "the camera to go down")
+    wait_for(lambda: "refused" in camera.stats().failures, 10, "a refused reopen")
+    assert camera.stats().failures["ended"] == 1
+    captured = camera.stats().frames_captured
+
+    rtsp_server.start()  # back, same port
+    recovery_s = wait_for(lambda: camera.up, 10, "the camera to capture again")
+    wait_for(lambda: camera.stats().frames_captured > captured, 5, "new frames")
+    assert log.ups() == [True, False, True]
+    print(f"capturing again {recovery_s:.2f} s after the server's restart")
+
+
+def test_rtsp_camera_that_stalls_with_its_socket_open_is_reported_stalled_and_recovers(
+    rtsp_server: RtspServer, cameras: list[Camera]
+) -> None:
+    log = StateLog()
+    camera = start(
+        cameras,
+        log,
+        uri=rtsp_server.url("/h264"),
+        stall_timeout_s=2.0,
+        open_timeout_s=3.0,
+        backoff_max_s=1.0,
+    )
+    wait_for(lambda: camera.up, 15, "the camera to come up")
+
+    rtsp_server.pause()
+    down_s = wait_for(lambda: not camera.up, 8, "the stalled camera to go down")
+    stats = camera.stats()
+    assert stats.failure == "stalled"
+    assert "no data" in log.events[-1][1]
+    # reopening a paused server opens a session that never sends a frame: timeout
+    wait_for(lambda: "timeout" in camera.stats().failures, 10, "a reopen that times out")
+
+    rtsp_server.resume()
+    up_s = wait_for(lambda: camera.up, 15, "the camera to capture again after the stall")
+    assert log.ups() == [True, False, True]
+    print(f"reported down {down_s:.2f} s after the stall began; up {up_s:.2f} s after resume")
+
+
+def test_rtsp_camera_with_a_wrong_password_is_unauthorized_and_retries_with_a_growing_wait(
+    make_rtsp_server: Callable[..., RtspServer],
+    cameras: list[Camera],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = make_rtsp_server(user="op", password="right")  # noqa: S106 - the test's server
+    monkeypatch.setenv(PASSWORD_SECRET, "wrong-secret")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    camera = start(
+        cameras, uri=server.url("/h264"), username="op", password_env=PASSWORD_SECRET,
+        backoff_initial_s=0.2,
+    )  # fmt: skip
+    wait_for(lambda: camera.stats().errors >= 1, 10, "the first failure")
+    time.sleep(3.0)  # backoff 0.2, 0.4, 0.8, 1.6 s: at most 5 attempts in this window
+    stats = camera.stats()
+    assert stats.failure == "unauthorized"
+    assert set(stats.failures) == {"unauthorized"}
+    assert 2 <= stats.errors <= 6  # no tight retry loop
+    assert "wrong-secret" not in stats.last_error
+    assert not stats.up
+
+
+def test_rtsp_camera_reads_its_password_from_the_credentials_directory(
+    make_rtsp_server: Callable[..., RtspServer],
+    cameras: list[Camera],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    server = make_rtsp_server(user="op", password="p@ss:w/rd")  # noqa: S106 - the test's server
+    (tmp_path / f"edgefleet_{PASSWORD_SECRET}").write_text("p@ss:w/rd\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.setenv(PASSWORD_SECRET, "not-this-one")
+    camera = start(cameras, uri=server.url("/h264"), username="op", password_env=PASSWORD_SECRET)
+    wait_for(lambda: camera.up, 15, "the camera to come up with the right password")
+    assert camera.stats().failures == {}
+
+
+def test_rtsp_camera_on_a_wrong_path_is_not_found(
+    rtsp_server: RtspServer, cameras: list[Camera]
+) -> None:
+    camera = start(cameras, uri=rtsp_server.url("/no-such-stream"))
+    wait_for(lambda: camera.stats().errors >= 1, 10, "the first failure")
+    stats = camera.stats()
+    assert stats.failure == "not_found"
+    assert "RTSP 404" in stats.last_error
+
+
+def test_rtsp_camera_without_a_server_is_refused(cameras: list[Camera]) -> None:
+    camera = start(cameras, uri=f"rtsp://127.0.0.1:{free_port()}/cam")
+    wait_for(lambda: camera.stats().errors >= 1, 10, "the first failure")
+    assert camera.stats().failure == "refused"
+
+
+def test_rtsp_stream_that_ends_is_reported_ended_and_reopened(
+    rtsp_server: RtspServer, cameras: list[Camera]
+) -> None:
+    log = StateLog()
+    camera = start(cameras, log, uri=rtsp_server.url("/short"))  # 2 s of video, then EOS
+    wait_for(lambda: camera.stats().failures.get("ended", 0) >= 1, 15, "the stream to end")
+    wait_for(lambda: camera.stats().reopens >= 1 and camera.up, 15, "a reopened stream")
+    assert log.ups()[:3] == [True, False, True]
+
+
+def test_check_config_refuses_a_camera_password_in_the_uri_and_says_where_it_goes(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[[cameras]]\nname = "dock"\nkind = "rtsp"\n'
+        'uri = "rtsp://admin:hunter2@10.0.0.5:554/stream1"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"{config}: cameras[0].uri" in done.stderr
+    assert "password_env" in done.stderr
+    assert "hunter2" not in done.stderr
+
+
+def test_camera_credentials_are_put_in_the_url_only_at_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agent.capture.rtsp import stream_url
+
+    monkeypatch.setenv(PASSWORD_SECRET, "p@ss:w/rd")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    config = CameraConfig(
+        name="dock", kind="rtsp", uri="rtsp://10.0.0.5/s1", username="op",
+        password_env=PASSWORD_SECRET,
+    )  # fmt: skip
+    assert "p@ss" not in config.model_dump_json()
+    assert stream_url(config) == "rtsp://op:p%40ss%3Aw%2Frd@10.0.0.5/s1"
