@@ -64,6 +64,33 @@ def make_video(
     return path
 
 
+def make_resolution_change(path: Path, fps: int = 15) -> Path:
+    """An H.264 MPEG-TS file that changes resolution midway: 3 s at 640x360, then 30 s at
+    320x180 (new SPS in band, as a camera sends after its resolution is changed); kept if
+    it is already there.
+
+    Raises:
+        subprocess.CalledProcessError: ffmpeg failed.
+    """
+    if path.is_file():
+        return path
+    parts = []
+    for size, seconds in (("640x360", 3), ("320x180", 30)):
+        part = path.with_name(f"{path.stem}-{size}.ts")
+        subprocess.run(
+            ["ffmpeg", "-nostdin", "-loglevel", "error", "-y", "-f", "lavfi",
+             "-i", f"testsrc2=size={size}:rate={fps}", "-t", str(seconds),
+             "-pix_fmt", "yuv420p", "-c:v", "libx264", "-preset", "ultrafast", "-g", str(fps),
+             "-f", "mpegts", str(part)],
+            check=True, timeout=120,
+        )  # fmt: skip
+        parts.append(part.read_bytes())
+    tmp = path.with_suffix(".part")
+    tmp.write_bytes(b"".join(parts))  # MPEG-TS streams concatenate
+    tmp.rename(path)
+    return path
+
+
 @dataclass
 class RtspServer:
     """One RTSP server process; ``mounts`` maps a path (``/cam``) to (file, codec)."""
@@ -194,20 +221,22 @@ class RtspServer:
 @pytest.fixture(scope="session")
 def rtsp_videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Test videos, made once a session: ``h264`` and ``h265`` (640x360, 15 fps, 60 s),
-    ``short`` (H.264, 2 s) and ``small`` (H.264, 320x180)."""
+    ``short`` (H.264, 2 s), ``small`` (H.264, 320x180) and ``change`` (H.264 MPEG-TS,
+    640x360 then 320x180)."""
     d = tmp_path_factory.mktemp("rtsp-videos")
     return {
         "h264": make_video(d / "h264.mp4", "h264"),
         "h265": make_video(d / "h265.mp4", "h265", seconds=30),
         "short": make_video(d / "short.mp4", "h264", seconds=2),
         "small": make_video(d / "small.mp4", "h264", width=320, height=180, seconds=30),
+        "change": make_resolution_change(d / "change.ts"),
     }
 
 
 @pytest.fixture
 def rtsp_server(rtsp_videos: dict[str, Path]) -> Iterator[RtspServer]:
-    """A started server with mounts ``/h264``, ``/h265``, ``/short`` and ``/small``, no
-    authentication; stopped after the test."""
+    """A started server with mounts ``/h264``, ``/h265``, ``/short``, ``/small`` and
+    ``/change`` (see :func:`rtsp_videos`), no authentication; stopped after the test."""
     server = RtspServer(
         {f"/{k}": (v, "h265" if k == "h265" else "h264") for k, v in rtsp_videos.items()}
     )

@@ -2,7 +2,8 @@
 
 GStreamer's RTSP server (``gir1.2-gst-rtsp-server-1.0``) through ``python3-gi``, which
 only the system Python has; the tests start this script as a subprocess
-(:mod:`tests.support.rtsp`). It serves pre-encoded MP4 files, each at its mount point::
+(:mod:`tests.support.rtsp`). It serves pre-encoded MP4 (or MPEG-TS, ``.ts``) files, each
+at its mount point::
 
     /usr/bin/python3 rtsp_server.py --port 8554 --mount /cam=cam.mp4:h264 \
         [--mount /hevc=cam265.mp4:h265] [--user U --password P]
@@ -34,6 +35,11 @@ _PIPELINES = {
     "h264": "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1",
     "h265": "h265parse ! rtph265pay name=pay0 pt=96 config-interval=1",
 }
+
+
+def _demuxer(file_name: str) -> str:
+    """MPEG-TS (``.ts``, which may change resolution midway) or MP4."""
+    return "tsdemux" if file_name.endswith(".ts") else "qtdemux"
 
 
 class Gate:
@@ -90,7 +96,9 @@ def main() -> int:
         path, _, rest = spec.partition("=")
         file_name, _, codec = rest.rpartition(":")
         factory = GstRtspServer.RTSPMediaFactory()
-        factory.set_launch(f"( filesrc location={file_name} ! qtdemux ! {_PIPELINES[codec]} )")
+        factory.set_launch(
+            f"( filesrc location={file_name} ! {_demuxer(file_name)} ! {_PIPELINES[codec]} )"
+        )
         factory.set_shared(False)
         factory.connect("media-configure", lambda _f, media: gate.add(media))
         if args.user:

@@ -198,6 +198,34 @@ def test_rtsp_stream_that_ends_is_reported_ended_and_reopened(
     assert log.ups()[:3] == [True, False, True]
 
 
+def test_rtsp_camera_keeps_capturing_through_a_resolution_change_without_a_reopen(
+    rtsp_server: RtspServer, cameras: list[Camera]
+) -> None:
+    # 3 s at 640x360, then 320x180: OpenCV's FFmpeg backend goes on decoding and hands out
+    # frames at the resolution the stream opened with (scaled); the next open takes the new
+    camera = start(cameras, uri=rtsp_server.url("/change"), fps=15)
+    wait_for(lambda: camera.up, 15, "the camera to come up")
+    shapes = set()
+    start_s = time.monotonic()
+    while time.monotonic() - start_s < 20 and camera.stats().frames_captured < 75:
+        frame = camera.latest(1.0)
+        if frame is not None:
+            shapes.add(frame.image.shape)
+    stats = camera.stats()
+    assert stats.frames_captured >= 75  # 5 s of frames: well past the change at 3 s
+    assert stats.up
+    assert stats.errors == 0
+    assert stats.reopens == 0
+    assert shapes == {(360, 640, 3)}
+
+    camera.stop()
+    cameras.remove(camera)
+    camera = start(cameras, uri=rtsp_server.url("/small"))
+    frame = camera.latest(15.0)
+    assert frame is not None
+    assert frame.image.shape == (180, 320, 3)
+
+
 def test_check_config_refuses_a_camera_password_in_the_uri_and_says_where_it_goes(
     tmp_path: Path,
 ) -> None:
