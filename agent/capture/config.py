@@ -41,6 +41,14 @@ class CameraConfig(Section):
             "video file path; image directory; empty for synthetic."
         ),
     )
+    detect_uri: str = Field(
+        "",
+        description=(
+            "RTSP: the camera's low-resolution sub-stream (e.g. 640x360), read instead of "
+            "uri for detection and thumbnails; decoding it costs a fraction of the main "
+            "stream. uri stays the main stream's address (not opened by the agent)."
+        ),
+    )
     fps: float = Field(
         10.0,
         gt=0,
@@ -156,15 +164,30 @@ class CameraConfig(Section):
             )
         return backoff_max_s
 
+    @property
+    def stream_uri(self) -> str:
+        """The stream the camera reads: ``detect_uri`` when set, else ``uri``."""
+        return self.detect_uri or self.uri
+
     @model_validator(mode="after")
     def _check_credentials(self) -> CameraConfig:
+        if self.detect_uri:
+            if self.kind != "rtsp":
+                raise ValueError("detect_uri applies to rtsp cameras only")
+            if not self.detect_uri.lower().startswith(_URL_SCHEMES["rtsp"]):
+                raise ValueError("detect_uri must start with rtsp:// or rtsps://")
+            if _has_password(self.detect_uri):
+                raise ValueError(
+                    "detect_uri carries a password in clear; put the user in 'username' and "
+                    "the password in a secret named by 'password_env'"
+                )
         if self.password_env and not self.username:
             raise ValueError("password_env is set but username is empty")
         if (self.username or self.password_env) and self.kind not in _URL_SCHEMES:
             raise ValueError(
                 f"username and password_env apply to rtsp and http cameras, not {self.kind}"
             )
-        if self.username and "@" in urlsplit(self.uri).netloc:
+        if self.username and any("@" in urlsplit(u).netloc for u in (self.uri, self.detect_uri)):
             raise ValueError("the user is given twice: in uri and in username; keep username")
         return self
 

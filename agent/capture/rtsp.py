@@ -81,14 +81,14 @@ def password(config: CameraConfig) -> str:
 
 
 def stream_url(config: CameraConfig) -> str:
-    """``config.uri`` with the user and password put in, for the open only (never logged).
+    """``config.stream_uri`` with the user and password put in, for the open only (never logged).
 
     Raises:
         SourceFailure: the password's secret is missing.
     """
     if not config.username:
-        return config.uri
-    parts = urlsplit(config.uri)
+        return config.stream_uri
+    parts = urlsplit(config.stream_uri)
     cred = quote(config.username, safe="")
     secret = password(config)
     if secret:
@@ -141,14 +141,14 @@ def probe(config: CameraConfig, timeout_s: float) -> tuple[str, str]:
     """Ask the camera for its stream description (``DESCRIBE``) and tell why an open failed:
     ``(failure, detail)``; one connection (two with digest authentication), all within
     ``timeout_s``. ``rtsps://`` is not probed (``unknown``)."""
-    parts = urlsplit(config.uri)
+    parts = urlsplit(config.stream_uri)
     if parts.scheme.lower() != "rtsp" or not parts.hostname:
         return "unknown", "not probed"
     return _probe(config, parts.hostname, parts.port or 554, timeout_s)
 
 
 def _probe(config: CameraConfig, host: str, port: int, timeout_s: float) -> tuple[str, str]:
-    parts = urlsplit(config.uri)
+    parts = urlsplit(config.stream_uri)
     deadline = time.monotonic() + timeout_s
     url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     user = config.username or (parts.username or "")

@@ -154,7 +154,7 @@ class VideoCaptureSource(Source):
         try:
             cap = self._create()
         except cv2.error as e:
-            raise CaptureError(c.name, f"can't open {redact(c.uri)}: {e}") from e
+            raise CaptureError(c.name, f"can't open {redact(c.stream_uri)}: {e}") from e
         if not cap.isOpened():
             cap.release()
             if c.kind in _PROBED_KINDS:
@@ -170,11 +170,10 @@ class VideoCaptureSource(Source):
         c = self.config
         if elapsed_s >= c.open_timeout_s * 0.95:
             failure, detail = "timeout", f"no stream within {c.open_timeout_s:g} s"
-        elif c.kind == "rtsp":
-            failure, detail = probe(c, c.open_timeout_s)
         else:
-            failure, detail = "unknown", "no stream"
-        return SourceFailure(c.name, failure, f"can't open {redact(c.uri)}: {detail} ({failure})")
+            failure, detail = probe(c, c.open_timeout_s)
+        where = redact(c.stream_uri)
+        return SourceFailure(c.name, failure, f"can't open {where}: {detail} ({failure})")
 
     def _create(self) -> cv2.VideoCapture:
         c = self.config
@@ -210,12 +209,14 @@ class VideoCaptureSource(Source):
         image = self._read_once()
         if c.kind in _PROBED_KINDS and time.monotonic() - t0 >= c.stall_timeout_s * 0.95:
             raise SourceFailure(
-                c.name, "stalled", f"no data from {redact(c.uri)} for {c.stall_timeout_s:g} s"
+                c.name,
+                "stalled",
+                f"no data from {redact(c.stream_uri)} for {c.stall_timeout_s:g} s",
             )
         if image is not None:
             return image
         if c.kind in _PROBED_KINDS:
-            raise SourceFailure(c.name, "ended", f"stream {redact(c.uri)} ended or dropped")
+            raise SourceFailure(c.name, "ended", f"stream {redact(c.stream_uri)} ended or dropped")
         if c.kind != "file":
             raise CaptureError(
                 c.name, f"no frame from {redact(c.uri)} (disconnected, ended or timed out)"

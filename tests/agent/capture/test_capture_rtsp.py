@@ -226,6 +226,27 @@ def test_rtsp_camera_keeps_capturing_through_a_resolution_change_without_a_reope
     assert frame.image.shape == (180, 320, 3)
 
 
+def test_rtsp_camera_with_a_detect_sub_stream_reads_the_sub_stream(
+    rtsp_server: RtspServer, cameras: list[Camera]
+) -> None:
+    camera = start(cameras, uri=rtsp_server.url("/h264"), detect_uri=rtsp_server.url("/small"))
+    frame = camera.latest(15.0)
+    assert frame is not None
+    assert frame.image.shape == (180, 320, 3)  # the main stream is 640x360
+
+
+def test_camera_config_refuses_a_password_in_the_detect_uri_and_a_sub_stream_on_http() -> None:
+    with pytest.raises(ValueError, match="password_env"):
+        CameraConfig(
+            name="dock", kind="rtsp", uri="rtsp://10.0.0.5/main",
+            detect_uri="rtsp://admin:hunter2@10.0.0.5/sub",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="rtsp cameras only"):
+        CameraConfig(
+            name="dock", kind="http", uri="http://10.0.0.5/mjpg", detect_uri="rtsp://10.0.0.5/s"
+        )
+
+
 def test_check_config_refuses_a_camera_password_in_the_uri_and_says_where_it_goes(
     tmp_path: Path,
 ) -> None:
