@@ -50,6 +50,12 @@ class AgentMetrics:
             "edgefleet_camera_reopens", "Times a camera was reopened after a failure.",
             ["camera"], registry=r,
         )  # fmt: skip
+        self.camera_failures = Counter(
+            "edgefleet_camera_failures",
+            "Camera failures by reason word (refused, unreachable, unauthorized, not_found, "
+            "timeout, stalled, ended, unknown).",
+            ["camera", "reason"], registry=r,
+        )  # fmt: skip
         self.fps = Gauge(
             "edgefleet_camera_fps", "Measured frames per second of a camera.", ["camera"],
             registry=r,

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.actions.dispatcher import ActionDispatcher
 from agent.capture import Camera
+from agent.capture.camera import CameraStats
 from agent.decisionlog import DecisionLog
 from agent.metrics import AgentMetrics
 from agent.pipelines import Pipelines
@@ -108,6 +109,18 @@ def agent_stats(
     }
 
 
+def update_camera_metrics(m: AgentMetrics, name: str, s: CameraStats) -> None:
+    """Set camera ``name``'s metrics from its stats: up, fps, frames, drops, reopens and
+    failures by reason word."""
+    m.camera_up.labels(camera=name).set(1 if s.up else 0)
+    m.fps.labels(camera=name).set(s.fps_measured)
+    m.set_counter(m.frames, s.frames_captured, camera=name)
+    m.set_counter(m.frames_dropped, s.frames_dropped, camera=name)
+    m.set_counter(m.camera_reopens, s.reopens, camera=name)
+    for reason, count in s.failures.items():
+        m.set_counter(m.camera_failures, count, camera=name, reason=reason)
+
+
 def update_hotpath_gauges(
     metrics: AgentMetrics, pipelines: Pipelines, decision_log: DecisionLog
 ) -> None:
@@ -115,12 +128,7 @@ def update_hotpath_gauges(
     things happen."""
     m = metrics
     for name, cam in pipelines.cameras.items():
-        s = cam.stats()
-        m.camera_up.labels(camera=name).set(1 if s.up else 0)
-        m.fps.labels(camera=name).set(s.fps_measured)
-        m.set_counter(m.frames, s.frames_captured, camera=name)
-        m.set_counter(m.frames_dropped, s.frames_dropped, camera=name)
-        m.set_counter(m.camera_reopens, s.reopens, camera=name)
+        update_camera_metrics(m, name, cam.stats())
     for name, sensor in pipelines.sensors.items():
         m.update_sensor(name, sensor.stats())
     m.update_decision_log(decision_log.stats())
