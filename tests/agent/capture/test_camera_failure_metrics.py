@@ -19,8 +19,7 @@ from agent.status import update_camera_metrics
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return port
+        return int(s.getsockname()[1])
 
 
 def test_a_refused_rtsp_camera_is_counted_under_refused(closed_port: int) -> None:
