@@ -76,7 +76,8 @@ def upstream_health(upstream: Upstream) -> dict[str, Any]:
 
 
 def readiness(pipelines: Pipelines) -> tuple[bool, dict[str, Any]]:
-    """Ready: every started pipeline runs and every camera delivers."""
+    """Ready: every started pipeline runs and every camera delivers; a camera that is
+    down is named with the reason word of its last failure (``camera_failures``)."""
     cams = {n: c.up for n, c in pipelines.cameras.items()}
     sensors = {n: s.up and not s.stats().get("silent", False) for n, s in pipelines.sensors.items()}
     pool = pipelines.pool
@@ -86,8 +87,10 @@ def readiness(pipelines: Pipelines) -> tuple[bool, dict[str, Any]]:
         and all(sensors.values())
         and (pool is not None and pool.ready_workers() > 0)
     )
+    down = {n: c.stats().failure or "unknown" for n, c in pipelines.cameras.items() if not c.up}
     return ok, {
         "cameras": cams,
+        "camera_failures": down,
         "sensors": sensors,
         "pipelines": [r.name for r in pipelines.runners],
     }
