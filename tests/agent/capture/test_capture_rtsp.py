@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agent.capture import Camera, CameraConfig
+from tests.agent.capture.camera_watch import StateLog, wait_for
 from tests.support.broker import free_port
 
 if TYPE_CHECKING:
@@ -26,30 +26,6 @@ pytest_plugins = ["tests.support.rtsp"]
 pytestmark = pytest.mark.timeout(240)
 
 PASSWORD_SECRET = "EDGEFLEET_TEST_CAMERA_PASSWORD"  # noqa: S105 - the secret's name
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds it took until ``predicate()``; fails after ``timeout_s``."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-class StateLog:
-    def __init__(self) -> None:
-        self.events: list[tuple[bool, str]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, name: str, up: bool, reason: str) -> None:
-        with self._lock:
-            self.events.append((up, reason))
-
-    def ups(self) -> list[bool]:
-        with self._lock:
-            return [up for up, _ in self.events]
 
 
 @pytest.fixture

@@ -6,39 +6,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.capture import Camera, CameraConfig
+from tests.agent.capture.camera_watch import StateLog, wait_for
 from tests.support.streams import MjpegServer
 
 RECOVERY_BOUND_S = 5.0  # the issue: capturing again within 5 s of the server's restart
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds it took until ``predicate()``; fails after ``timeout_s``."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-class StateLog:
-    def __init__(self) -> None:
-        self.events: list[tuple[bool, str]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, name: str, up: bool, reason: str) -> None:
-        with self._lock:
-            self.events.append((up, reason))
-
-    def ups(self) -> list[bool]:
-        with self._lock:
-            return [up for up, _ in self.events]
 
 
 @pytest.fixture
