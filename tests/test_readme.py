@@ -17,6 +17,11 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
+def toml_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```toml\n(.*?)```", text, flags=re.DOTALL)
+
+
 def test_readme_has_a_runtime_example() -> None:
     blocks = python_blocks()
     assert blocks, "README.md has no python example"
@@ -44,11 +49,27 @@ def test_readme_runtime_example_runs_and_prints_what_it_says(real_models_dir: Pa
 def test_readme_agent_config_is_a_valid_config() -> None:
     from agent.config import parse_config
 
-    text = (ROOT / "README.md").read_text()
-    (block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.DOTALL)
+    block = toml_blocks()[0]  # the first is the whole agent config
     cfg = parse_config(tomllib.loads(block), "README.md")
     assert [c.name for c in cfg.cameras] == ["cam1"]
     assert cfg.pipelines[0].chain[0].max_crops == 4
     assert cfg.pipelines[0].policy is not None
     assert [r.outcome for r in cfg.pipelines[0].policy.rules] == ["review", "reject", "review"]
     assert cfg.actions.actions[0].name == "robot"
+
+
+def test_readme_rtsp_camera_is_a_valid_camera_of_the_agent_config() -> None:
+    from agent.config import parse_config
+
+    whole, *rest = toml_blocks()
+    (rtsp,) = [b for b in rest if 'kind = "rtsp"' in b]
+    raw = tomllib.loads(whole)
+    raw["cameras"] = tomllib.loads(rtsp)["cameras"]
+    raw["cameras"][0]["line"] = "line1"
+    for p in raw["pipelines"]:
+        p["source"] = "press-3"
+    cfg = parse_config(raw, "README.md")
+    (cam,) = cfg.cameras
+    assert (cam.kind, cam.transport, cam.password_env) == ("rtsp", "tcp", "PRESS3_PASSWORD")
+    assert cam.detect_uri is not None
+    assert cam.detect_uri.endswith("/102")
