@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from agent.app import Agent
+from agent.benchsource import BenchSource, measure_source
 from agent.config import parse_config
+from agent.decodecost import cameras_full
 from agent.errors import AgentError
 from agent.kernel.bundle import load_bundle
 from agent.pipeline.runner import Decision
@@ -46,23 +47,20 @@ serve on every worker (capped at :data:`MAX_FPS`): more than the pool can take, 
 the capture thread decoding a thousand frames a second that nobody could take (on a
 2-core device that decoding would take the workers' CPU and measure the camera, not the
 agent)."""
+DECODE_S = 3.0
+"""Longest decode measurement of the source (before everything else)."""
+LIVE_CAP_FPS = 1000.0
+"""A live camera's ``fps`` in the bench: a cap above any stream's rate, so that every
+frame the stream delivers is published."""
+KEPT_UP_SHARE = 0.9
+"""N streams kept up when each camera captured at least this share of the frames its
+stream sent (stream fps x seconds)."""
 TARGET_OVER_BARE_MS = 1.0
 """Issue 15's target: e2e p99 <= bare p99 + 1 ms at 60 % of capacity."""
 TARGET_CAMERA_RATIO = 1.5
 """Issue 15's target: with N cameras, each camera's p99 <= 1.5 x the single camera's."""
 TARGET_SHADOW_RATIO = 1.10
 """Issue 17's target: a shadow at sample 0.2 costs the live e2e p99 at most 10 %."""
-
-
-def _first_frame(video: str) -> np.ndarray:
-    cap = cv2.VideoCapture(video)
-    try:
-        ok, frame = cap.read()
-    finally:
-        cap.release()
-    if not ok or frame is None:
-        raise AgentError(f"bench source {video}: no frame could be read")
-    return np.asarray(frame)
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -87,7 +85,7 @@ def _camera_names(cameras: int) -> list[str]:
 
 def _agent_config(
     bundle: Path,
-    video: str,
+    src: BenchSource,
     fps: float,
     state: Path,
     workers: int | None,
@@ -95,9 +93,11 @@ def _agent_config(
     *,
     staggered: bool = False,
     shadow: tuple[float, float] | None = None,
+    synthetic: tuple[int, int] | None = None,
 ) -> Any:
     """The bench's agent config; ``shadow``: (sample, max_fps) of the ``[shadow]``
-    section (the candidate itself is given to :func:`_run`)."""
+    section (the candidate itself is given to :func:`_run`); ``synthetic``: (width,
+    height) of a generated pattern read instead of ``src`` (a live source's capacity)."""
     runtime: dict[str, Any] = {"heartbeat_timeout_s": 5.0}
     if workers:
         runtime["workers"] = workers
@@ -108,20 +108,26 @@ def _agent_config(
             "runtime": runtime,
             "decision_log": {"thumbnails": "none"},
             "cameras": [
-                {
-                    "name": n,
-                    "kind": "file",
-                    "uri": video,
-                    "fps": fps,
-                    "loop": True,
-                    "phase": i / cameras if staggered else 0.0,
-                }
+                _synthetic(n, fps, synthetic)
+                if synthetic
+                else src.camera(n, fps, i / cameras if staggered else 0.0)
                 for i, n in enumerate(names)
             ],
             "pipelines": [{"name": n, "source": n, "bundle": str(bundle)} for n in names],
             "shadow": {"sample": shadow[0], "max_fps": shadow[1]} if shadow else {},
         }
     )
+
+
+def _synthetic(name: str, fps: float, size: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": "synthetic",
+        "fps": fps,
+        "width": size[0],
+        "height": size[1],
+        "pattern": "bars",
+    }
 
 
 def _shadow_totals(agent: Agent) -> tuple[int, int]:
@@ -255,18 +261,27 @@ def run_agent_bench(
     shadow: Path | None = None,
     shadow_sample: float = 0.2,
     shadow_max_fps: float = MAX_SHADOW_FPS,
+    transport: str = "tcp",
+    username: str = "",
+    password_env: str = "",
 ) -> dict[str, Any]:
-    """Measure bare runtime, capacity, then the hot path at ``load`` x capacity; with
-    ``cameras`` > 1 also the same total frame rate over that many cameras; with
+    """Measure the source's decode cost, the bare runtime, capacity, then the hot path at
+    ``load`` x capacity (a live source: at its own rate); with ``cameras`` > 1 also the
+    same total frame rate over that many cameras (a live source: that many streams); with
     ``shadow`` (a bundle directory) the same load again with it as the shadow on a
     ``shadow_sample`` share of the frames (at most ``shadow_max_fps`` a second; by default
-    no cap to speak of, so that the share is what is measured).
+    no cap to speak of, so that the share is what is measured). ``video`` is a file or a
+    stream URL; ``transport``, ``username`` and ``password_env`` apply to a stream.
 
     Raises:
-        AgentError: no such video, no camera, a shadow sample outside 0..1, or a part of
-            the agent (the shadow included) did not start.
+        AgentError: no such video, a stream that does not open (its URL and reason word),
+            no camera, a shadow sample outside 0..1, or a part of the agent (the shadow
+            included) did not start.
     """
-    if not Path(video).is_file():
+    src = BenchSource(video, transport, username, password_env)
+    if src.live:
+        src.config()  # a bad URL, transport or credential fails before anything runs
+    elif not Path(video).is_file():
         raise AgentError(f"bench source {video}: no such file")
     if cameras < 1:
         raise AgentError(f"bench needs at least one camera, got {cameras}")
@@ -278,10 +293,11 @@ def run_agent_bench(
         load_bundle(shadow)  # a bad candidate fails here, naming its file
     bundle = load_bundle(bundle_dir)
     manifest = bundle.manifest
-    frame = _first_frame(video)
     mc = bundle.model_config("bare")
     if mc.preprocess is None:
         raise AgentError(f"bench needs an image model; {bundle_dir} has no preprocess")
+    # Decode first, while nothing else in the process uses CPU.
+    frame, decode = measure_source(src, min(DECODE_S, duration_s))
     shape = next(iter(mc.input_shapes.values()))
     pre = Preprocessor(mc.preprocess, shape, manifest.input.dtype)
     tensor = np.empty(shape, pre.dtype)
@@ -289,73 +305,87 @@ def run_agent_bench(
     bare = measure_bare(
         str(bundle.model_file()), [tensor], duration_s=min(5.0, duration_s), progress=progress
     )
+    size = (int(frame.shape[1]), int(frame.shape[0]))
+    stream_fps = float(decode["stream_fps"])
     with tempfile.TemporaryDirectory(prefix="edge-agent-bench-") as tmp:
         state = state_dir or Path(tmp)
         n_workers = workers or _profile_workers()
         offer = min(MAX_FPS, OFFER_OVER_BARE * n_workers * bare.throughput_rps)
         cal = _run(
-            _agent_config(bundle_dir, video, offer, state / "cal", workers),
+            _agent_config(
+                bundle_dir, src, offer, state / "cal", workers, synthetic=size if src.live else None
+            ),
             CALIBRATE_S,
-            f"capacity (camera at {offer:.0f} fps)",
+            f"capacity ({'pattern' if src.live else 'camera'} at {offer:.0f} fps)",
             progress,
         )
         capacity = cal["rate"]
+        # A live stream can't be offered faster than it streams: it runs at its own rate.
         fps = max(1.0, load * capacity)
+        cam_fps = LIVE_CAP_FPS if src.live else fps
+        what = f"{src.shown} at its own rate" if src.live else f"{load:.0%} of capacity"
         run = _run(
-            _agent_config(bundle_dir, video, fps, state / "load", workers),
+            _agent_config(bundle_dir, src, cam_fps, state / "load", workers),
             duration_s,
-            f"hot path at {load:.0%} of capacity ({fps:.0f} fps)",
+            f"hot path at {what} ({stream_fps if src.live else fps:.0f} fps)",
             progress,
         )
+        if src.live:  # what the stream offered, as the load's share of capacity
+            fps = run["frames_captured"] / duration_s
+            load = round(fps / capacity, 3) if capacity else 0.0
         shadowed: dict[str, Any] | None = None
         if shadow is not None:
             shadowed = _run(
                 _agent_config(
                     bundle_dir,
-                    video,
-                    fps,
+                    src,
+                    cam_fps,
                     state / "load-shadow",
                     workers,
                     shadow=(shadow_sample, shadow_max_fps),
                 ),
                 duration_s,
-                f"hot path at {load:.0%} with the shadow on {shadow_sample:.0%} of the frames",
+                f"hot path at {what} with the shadow on {shadow_sample:.0%} of the frames",
                 progress,
                 shadow=shadow,
             )
         many: dict[str, Any] | None = None
         staggered: dict[str, Any] | None = None
         if cameras > 1:
+            each = LIVE_CAP_FPS if src.live else fps / cameras
             many = _run(
-                _agent_config(bundle_dir, video, fps / cameras, state / "load-n", workers, cameras),
+                _agent_config(bundle_dir, src, each, state / "load-n", workers, cameras),
                 duration_s,
-                f"{cameras} cameras at {fps / cameras:.0f} fps each, started together",
+                f"{cameras} streams of {src.shown}"
+                if src.live
+                else f"{cameras} cameras at {each:.0f} fps each, started together",
                 progress,
             )
-            staggered = _run(
-                _agent_config(
-                    bundle_dir,
-                    video,
-                    fps / cameras,
-                    state / "load-s",
-                    workers,
-                    cameras,
-                    staggered=True,
-                ),
-                duration_s,
-                f"{cameras} cameras at {fps / cameras:.0f} fps each, phases staggered",
-                progress,
-            )
+            if not src.live:  # a stream sets its own phase
+                staggered = _run(
+                    _agent_config(
+                        bundle_dir, src, each, state / "load-s", workers, cameras, staggered=True
+                    ),
+                    duration_s,
+                    f"{cameras} cameras at {each:.0f} fps each, phases staggered",
+                    progress,
+                )
     e2e = run["e2e"]
     report: dict[str, Any] = {
         "model": manifest.name,
         "model_version": manifest.version,
-        "source": video,
+        "source": src.shown,
+        "source_kind": src.kind,
+        "live": src.live,
+        **({"transport": transport} if src.kind == "rtsp" else {}),
         "frame_shape": list(frame.shape),
+        **decode,
+        "cameras_full_at_15fps": cameras_full(decode["decode_cpu_per_frame_ms"], 15),
         "load": load,
         "frames_in_flight": run["in_flight"],
         "capacity_fps": round(capacity, 1),
         "capacity_offered_fps": round(offer, 1),
+        "capacity_source": "synthetic pattern of the stream's size" if src.live else "file",
         "offered_fps": round(fps, 1),
         "decisions_per_s": round(run["rate"], 1),
         "e2e_p50_ms": e2e["p50_ms"],
@@ -373,7 +403,7 @@ def run_agent_bench(
         "rss_mb_by_process": run["rss_mb_by_process"],
         "rss_mb": round(sum(run["rss_mb_by_process"].values()), 1),
         "parent_rss_mb": run["rss_mb_by_process"].get("agent", 0.0),
-        "cold_start_to_first_decision_s": round(cal["cold_start_s"], 3),
+        "cold_start_to_first_decision_s": round((run if src.live else cal)["cold_start_s"], 3),
         "cameras": cameras,
         "per_camera_p99_ms": {n: p["p99_ms"] for n, p in run["per_camera"].items()},
     }
@@ -400,7 +430,7 @@ def run_agent_bench(
                 else None,
             }
         )
-    if many is not None and staggered is not None:
+    if many is not None:
         single = e2e["p99_ms"]
 
         def ratio(r: dict[str, Any]) -> float | None:
@@ -416,27 +446,60 @@ def run_agent_bench(
                 "cameras_decisions_per_s": round(many["rate"], 1),
                 "cameras_e2e_p99_ms": many["e2e"]["p99_ms"],
                 "cameras_rss_mb_by_process": many["rss_mb_by_process"],
+            }
+        )
+        if src.live:
+            report.update(_kept_up(many, fps * duration_s))
+    if staggered is not None:
+        report.update(
+            {
                 "staggered_per_camera_p99_ms": {
                     n: p["p99_ms"] for n, p in staggered["per_camera"].items()
                 },
-                "staggered_per_camera_p99_over_single_max": ratio(staggered),
+                "staggered_per_camera_p99_over_single_max": round(
+                    max(p["p99_ms"] for p in staggered["per_camera"].values()) / e2e["p99_ms"], 3
+                )
+                if e2e["p99_ms"]
+                else None,
                 "staggered_per_camera": staggered["per_camera"],
             }
         )
     return report
 
 
+def _kept_up(many: dict[str, Any], expected: float) -> dict[str, Any]:
+    """N live streams: each camera's frames captured against what one stream delivered
+    alone in as long (``expected``), and whether every camera got :data:`KEPT_UP_SHARE`."""
+    for p in many["per_camera"].values():
+        p["frames_expected"] = round(expected)
+    captured = {n: p["frames_captured"] for n, p in many["per_camera"].items()}
+    return {
+        "cameras_frames_expected": round(expected),
+        "cameras_frames_captured": captured,
+        "cameras_decode_kept_up": bool(expected)
+        and all(c >= KEPT_UP_SHARE * expected for c in captured.values()),
+    }
+
+
 def format_report(r: dict[str, Any]) -> str:
     target = r["bare_p99_ms"] + TARGET_OVER_BARE_MS
     met = "met" if r["e2e_p99_ms"] <= target else "NOT met"
     rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb_by_process"].items())
+    live = r.get("live", False)
     lines = [
-        f"model {r['model']} {r['model_version']}, frames {r['frame_shape']}",
+        f"model {r['model']} {r['model_version']}, frames {r['frame_shape']}, source {r['source']}",
+        f"decode               p50 {r['decode_ms_p50']:.3f} ms ({r['decode_ms_basis']}), "
+        f"CPU {r['decode_cpu_per_frame_ms']:.3f} ms/frame over {r['frames_decoded']} frames "
+        f"at {r['stream_fps']:.1f} fps: {r['cores']} cores full at "
+        f"{r['cameras_full_at_stream_fps']:g} such cameras "
+        f"({r['cameras_full_at_15fps']:g} at 15 fps)",
         f"bare runtime         p50 {r['bare_p50_ms']:.3f} ms  p99 {r['bare_p99_ms']:.3f} ms  "
         f"({r['bare_rps']:.0f} rps, one session)",
-        f"capacity             {r['capacity_fps']:.1f} decisions/s (camera at "
+        f"capacity             {r['capacity_fps']:.1f} decisions/s "
+        f"({'a pattern of the stream' if live else 'camera'}'s size at "
         f"{r['capacity_offered_fps']:.0f} fps, {r['frames_in_flight']} frames in flight)",
-        f"at {r['load']:.0%} ({r['offered_fps']:.0f} fps)  e2e p50 {r['e2e_p50_ms']:.3f} ms  "
+        f"{'stream' if live else 'at'} {r['load']:.0%} ({r['offered_fps']:.0f} fps)  "
+        f"e2e p50 {r['e2e_p50_ms']:.3f} ms  "
         f"p99 {r['e2e_p99_ms']:.3f} ms  (target <= bare p99 + {TARGET_OVER_BARE_MS:g} ms = "
         f"{target:.3f}: {met})",
     ]
@@ -467,12 +530,22 @@ def format_report(r: dict[str, Any]) -> str:
         f"RSS {r['rss_mb']:.0f} MB ({rss}), "
         f"cold start to first decision {r['cold_start_to_first_decision_s']:.2f} s",
     ]
+    if "cameras_decode_kept_up" in r:
+        kept = "kept up" if r["cameras_decode_kept_up"] else "did NOT keep up"
+        lines.append(
+            f"{r['cameras']} streams decoding: {kept} (frames captured "
+            f"{r['cameras_frames_captured']} of {r['cameras_frames_expected']} each)"
+        )
     if r["cameras"] > 1 and "per_camera" in r:
-        for title, key in (("started together", ""), ("phases staggered", "staggered_")):
+        runs = [("started together", "")]
+        if "staggered_per_camera" in r:
+            runs.append(("phases staggered", "staggered_"))
+        for title, key in runs:
             ratio = r[f"{key}per_camera_p99_over_single_max"]
             ok = "met" if ratio is not None and ratio <= TARGET_CAMERA_RATIO else "NOT met"
             lines.append(
-                f"{r['cameras']} cameras, same total rate, {title}: worst camera p99 / "
+                f"{r['cameras']} cameras, {'each a stream' if live else 'same total rate'}, "
+                f"{title}: worst camera p99 / "
                 f"single-camera p99 {r['single_camera_p99_ms']:.3f} ms = {ratio} "
                 f"(target <= {TARGET_CAMERA_RATIO:g}: {ok})"
             )

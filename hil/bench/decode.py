@@ -36,7 +36,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from agent import decodecost
 from hil.errors import HilError
 
 FPS = 15
@@ -66,6 +66,8 @@ MAX_FRAMES = 2_000
 LIVE_FRAMES = 150
 """Frames one round of a live source (a URL) reads by default (``--frames``): 10 s at
 15 fps. Its ``decode_ms_p50`` includes the wait for each frame; its CPU figures don't."""
+ROUND_MAX_S = 600.0
+"""Bound on the seconds one round reads."""
 
 
 class DecodeBenchError(HilError):
@@ -177,14 +179,9 @@ def make_clip(path: Path, width: int, height: int, codec: str, kbps: int) -> Non
 # -- decoding ---------------------------------------------------------------------------
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def decode_round(source: str, max_frames: int = MAX_FRAMES) -> tuple[int, list[float], float]:
     """Read ``source`` with OpenCV's FFmpeg backend as the agent does: frames read, each
-    read's wall ms, and the CPU seconds they took.
+    read's wall ms, and the CPU seconds they took (:mod:`agent.decodecost`).
 
     Raises:
         DecodeBenchError: the source does not open or gives no frame.
@@ -192,21 +189,18 @@ def decode_round(source: str, max_frames: int = MAX_FRAMES) -> tuple[int, list[f
     cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG)
     if not cap.isOpened():
         raise DecodeBenchError(source, "does not open")
-    walls: list[float] = []
-    cpu0 = _cpu_s()
+
+    def read() -> Any:
+        ok, frame = cap.read()
+        return frame if ok else None
+
     try:
-        for _ in range(max_frames):
-            t0 = time.perf_counter()
-            ok, _frame = cap.read()
-            if not ok:
-                break
-            walls.append((time.perf_counter() - t0) * 1000)
+        r = decodecost.decode_round(read, max_frames=max_frames, max_s=ROUND_MAX_S)
     finally:
-        cpu = _cpu_s() - cpu0
         cap.release()
-    if not walls:
+    if not r.frames:
         raise DecodeBenchError(source, "gave no frame")
-    return len(walls), walls, cpu
+    return r.frames, r.walls_ms, r.cpu_total_s
 
 
 def keyframes_cpu_ms(path: Path) -> float | None:
@@ -267,10 +261,10 @@ def measure(
         bitrate_kbps=spec[3] if spec else None,
         frames=results[0][0],
         decode_ms_p50=round(statistics.median(walls), 3),
-        decode_ms_p99=round(walls[min(len(walls) - 1, int(len(walls) * 0.99))], 3),
+        decode_ms_p99=round(decodecost.percentile(walls, 0.99), 3),
         decode_cpu_per_frame_ms=round(cpu_ms, 3),
-        cameras_full_at_15fps=round(cores * 1000 / (cpu_ms * 15), 1),
-        cameras_full_at_5fps=round(cores * 1000 / (cpu_ms * 5), 1),
+        cameras_full_at_15fps=decodecost.cameras_full(cpu_ms, 15, cores),
+        cameras_full_at_5fps=decodecost.cameras_full(cpu_ms, 5, cores),
         cpu_ms_per_video_s=round(cpu_ms * FPS, 1),
         keyframes_cpu_ms_per_video_s=keyframes_cpu_ms(path) if path.is_file() else None,
     )

@@ -35,6 +35,13 @@ def test_bench_with_two_cameras_reports_each_camera_each_process_and_each_stage(
         bundle.path, str(video), duration_s=0.6, workers=2, progress=False, cameras=2
     )
     assert r["cameras"] == 2
+    assert (r["source_kind"], r["live"]) == ("file", False)
+    assert 0 < r["frames_decoded"] <= 20
+    assert r["decode_ms_p50"] > 0
+    assert r["decode_ms_basis"] == "wall per read"
+    assert r["decode_cpu_per_frame_ms"] > 0
+    assert r["stream_fps"] == pytest.approx(25)
+    assert r["cameras_full_at_stream_fps"] > 0
     assert r["frames_in_flight"] == 2
     assert r["capacity_offered_fps"] == pytest.approx(
         min(bench.MAX_FPS, bench.OFFER_OVER_BARE * 2 * r["bare_rps"]), rel=0.01
@@ -55,6 +62,7 @@ def test_bench_with_two_cameras_reports_each_camera_each_process_and_each_stage(
     text = bench.format_report(r)
     assert "cam2" in text
     assert "phases staggered" in text
+    assert "CPU" in text
 
 
 def test_bench_refuses_zero_cameras(tmp_path: Path) -> None:
