@@ -13,6 +13,40 @@ total frame rate spread over that many cameras, one pipeline each, their capacit
 unpaced and each camera's latency, drops and starvation; (5) with ``shadow`` (a candidate
 bundle): the load of step 3 again with the candidate as each pipeline's shadow on a
 ``shadow_sample`` share of the frames, and the ratio of the two e2e p99s.
+
+Before all that, step (0): what decoding the source costs (:mod:`agent.benchsource`,
+:mod:`agent.decodecost`), measured alone in the process for at most 3 s.
+
+The source is a video file or a live stream (``rtsp://``, ``http://`` MJPEG) opened as the
+agent opens a camera (transport; user from ``--username``, password only from the secret
+``--password-env``, never in the URL). A stream can't be offered faster than it streams,
+so for a live source: the capacity step reads a generated pattern of the stream's frame
+size at the over-offer rate (the agent's capacity on frames of that size, not the
+stream's); the load step runs the live camera at its own rate (``load`` is then that rate's
+share of capacity, ``offered_fps`` the frames the camera captured a second); with
+``cameras`` N, N cameras open N sessions on the same URL (N x the stream's rate; no
+staggered run: a stream sets its own phase) and the report says whether decoding N streams
+kept up.
+
+JSON keys (besides the hot-path ones above: ``capacity_fps``, ``e2e_p50_ms``,
+``e2e_p99_ms``, ``bare_p99_ms``, ``frames_captured``, ``frames_dropped``, ``per_camera``,
+``stages_ms``, ``rss_mb_by_process``, ...):
+
+- ``source`` (password redacted), ``source_kind`` (file, rtsp, http), ``live``,
+  ``transport`` (rtsp only), ``capacity_source`` (file, or the pattern of a stream's size);
+- ``frames_decoded``, ``decode_seconds``: the decode measurement's frames and seconds;
+- ``decode_ms_p50``, ``decode_ms_p99``, ``decode_ms_basis``: per frame, the wall time of a
+  read for a file; the process CPU of a read for a stream (its wall time is mostly the
+  wait for the next frame: ``read_ms_p50``);
+- ``decode_cpu_per_frame_ms``: process CPU (every decoder thread) per frame;
+- ``stream_fps``, ``frame_width``, ``frame_height``: the file's rate, or the stream's
+  (1000 / ``read_ms_p50``);
+- ``cores``, ``cameras_full_at_stream_fps``, ``cameras_full_at_15fps``: cameras like this
+  one whose decoding alone fills every core (``cores x 1000 / (cpu_ms x fps)``);
+- with a stream and ``cameras`` > 1: ``cameras_frames_expected`` (the single stream's
+  frames a second x the run's seconds), ``cameras_frames_captured`` (per camera),
+  ``cameras_decode_kept_up`` (each captured >= 90 % of expected), and
+  ``per_camera[name]["frames_expected"]``.
 """
 
 from __future__ import annotations
@@ -168,6 +202,11 @@ def _run(
     while agent.first_decision_at is None and time.monotonic() < deadline:
         time.sleep(0.01)
     cold_start_s = (agent.first_decision_at or time.monotonic()) - t_start
+    # ...and for every camera's first frame (N streams open one after the other).
+    while time.monotonic() < deadline and not all(
+        agent.cameras[n].stats().frames_captured for n in names
+    ):
+        time.sleep(0.01)
     time.sleep(0.5)
     stage_times = [r.measure_stages() for r in agent.runners]
     with lock:

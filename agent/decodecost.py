@@ -112,18 +112,25 @@ def summarize(r: DecodeRound, *, live: bool, fps: float | None = None) -> dict[s
     """The figures of a round: ``frames_decoded``, ``decode_ms_p50``/``p99`` (wall per read
     for a file, process CPU per read for a live stream: ``decode_ms_basis``),
     ``read_ms_p50`` (wall per read), ``decode_cpu_per_frame_ms``, ``stream_fps`` (``fps``
-    when given, else frames over the round's seconds), ``frame_width``/``frame_height`` and
-    ``cameras_full_at_stream_fps``."""
+    when given; a live stream: 1000 / ``read_ms_p50``, its frame interval, since a stream
+    first sends what it buffered in a burst; a file: frames over the round's seconds),
+    ``frame_width``/``frame_height`` and ``cameras_full_at_stream_fps``."""
     per_read = r.cpu_ms if live else r.walls_ms
     cpu_ms = r.cpu_total_s * 1000 / r.frames if r.frames else 0.0
-    stream_fps = fps if fps else (r.frames / r.elapsed_s if r.elapsed_s > 0 else 0.0)
+    read_p50 = statistics.median(r.walls_ms) if r.walls_ms else 0.0
+    if fps:
+        stream_fps = fps
+    elif live:  # a stream sends what it buffered at once first: its median interval counts
+        stream_fps = 1000 / read_p50 if read_p50 > 0 else 0.0
+    else:
+        stream_fps = r.frames / r.elapsed_s if r.elapsed_s > 0 else 0.0
     return {
         "frames_decoded": r.frames,
         "decode_seconds": round(r.elapsed_s, 3),
         "decode_ms_p50": round(statistics.median(per_read), 3) if per_read else 0.0,
         "decode_ms_p99": round(percentile(per_read, 0.99), 3),
         "decode_ms_basis": "process CPU per read" if live else "wall per read",
-        "read_ms_p50": round(statistics.median(r.walls_ms), 3) if r.walls_ms else 0.0,
+        "read_ms_p50": round(read_p50, 3),
         "decode_cpu_per_frame_ms": round(cpu_ms, 3),
         "stream_fps": round(stream_fps, 2),
         "frame_width": r.shape[1] if len(r.shape) > 1 else 0,
