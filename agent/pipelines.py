@@ -369,9 +369,10 @@ class Pipelines:
         self.shadows = {}
 
     def _start_sources(self, used: set[str]) -> None:
+        video = load_profile(self.config.agent.profile).video
         for cam_cfg in self.config.cameras:
             if cam_cfg.name in used and cam_cfg.name not in self.cameras:
-                cam = Camera(cam_cfg, on_state=self._camera_state)
+                cam = Camera(cam_cfg, on_state=self._camera_state, video=video)
                 self.cameras[cam_cfg.name] = cam
                 cam.start()
         for sensor_cfg in self.config.sensors:

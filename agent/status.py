@@ -42,9 +42,23 @@ def hotpath_liveness(
         "problems": problem_lines(pipelines.problems),
         "sensors": {n: sensor_health(s) for n, s in pipelines.sensors.items()},
         "pipelines": loops,
+        "cameras": {n: camera_health(c.stats()) for n, c in pipelines.cameras.items()},
     }
     wedged = any(loop["wedged"] for loop in loops.values())
     return (pool_ok or not configured) and not wedged, details
+
+
+def camera_health(s: CameraStats) -> dict[str, Any]:
+    """A camera on /healthz: up, the reason word of its last failure and the failures by
+    reason, and (RTSP) the decoder that runs and the ones passed over, with why. A camera
+    that is down does not make the agent unhealthy (it is reopened; /readyz says not ready)."""
+    return {
+        "up": s.up,
+        "failure": s.failure,
+        "failures": dict(s.failures),
+        "decoder": s.decoder,
+        "decoders_passed_over": dict(s.decoders_passed_over),
+    }
 
 
 def pipeline_liveness(pipelines: Pipelines) -> dict[str, dict[str, Any]]:

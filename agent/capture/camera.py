@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 
 from agent.capture.backoff import Backoff
 from agent.capture.config import CameraConfig
+from agent.capture.decoders import DecodedSource, Decoding
 from agent.capture.frame import Frame
 from agent.capture.latest import LatestSlot
 from agent.capture.rtsp import SourceFailure, failure_of
 from agent.capture.sources import EndOfStream, Image, Source, make_source
 from agent.errors import CaptureError
+from runtime.profiles import VideoConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ class CameraStats:
         failure: the reason word of the last failure (:data:`agent.capture.rtsp.FAILURES`:
             refused, unauthorized, not_found, timeout, stalled, ended...; "" if none).
         failures: failures counted by reason word.
+        decoder: what decodes an RTSP camera's video (``software``, ``vaapi``,
+            ``software (key frames)``...; "" for other kinds or before the first open).
+        decoders_passed_over: decoders that could not run for this camera, with why.
     """
 
     frames_captured: int
@@ -69,6 +74,8 @@ class CameraStats:
     starved: bool = False
     failure: str = ""
     failures: Mapping[str, int] = field(default_factory=dict)
+    decoder: str = ""
+    decoders_passed_over: Mapping[str, str] = field(default_factory=dict)
 
 
 class Camera:
@@ -76,10 +83,19 @@ class Camera:
 
     ``on_state(name, up, reason)`` is called from the capture thread when the camera goes
     up or down (including the first failure of a source that never opens).
+    An RTSP camera's video goes through ``video``'s decoders (the firmware profile's
+    ``[video]``; default: software), see :mod:`agent.capture.decoders`.
     """
 
-    def __init__(self, config: CameraConfig, *, on_state: StateCallback | None = None) -> None:
+    def __init__(
+        self,
+        config: CameraConfig,
+        *,
+        on_state: StateCallback | None = None,
+        video: VideoConfig | None = None,
+    ) -> None:
         self._config = config
+        self._decoding = Decoding(config, video or VideoConfig()) if config.kind == "rtsp" else None
         self._on_state = on_state
         self._slot: LatestSlot[Frame] = LatestSlot()
         self._stop = threading.Event()
@@ -163,6 +179,8 @@ class Camera:
                 starved=self._starved(),
                 failure=self._failure,
                 failures=dict(self._failures),
+                decoder=self._decoding.running if self._decoding else "",
+                decoders_passed_over=dict(self._decoding.passed_over) if self._decoding else {},
             )
 
     def _drop_ratio(self) -> float:
@@ -220,7 +238,11 @@ class Camera:
 
     def _session(self, backoff: Backoff) -> bool:
         """Open the source and pump it until it fails or we stop; True when it ended."""
-        source = make_source(self._config)
+        source = (
+            make_source(self._config)
+            if self._decoding is None
+            else DecodedSource(self._config, self._decoding)
+        )
         try:
             source.open()
             self._pump(source, backoff)

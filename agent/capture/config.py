@@ -117,6 +117,22 @@ class CameraConfig(Section):
             "UDP first, then TCP)."
         ),
     )
+    decoder: Literal["auto", "software", "v4l2m2m", "vaapi", "gstreamer"] = Field(
+        "auto",
+        description=(
+            "RTSP: the video decoder; auto takes the firmware profile's [video] decoders, "
+            "best first. A decoder that can't run falls back to software (OpenCV's "
+            "FFmpeg) with a log line; the one running is in the camera's stats."
+        ),
+    )
+    keyframes_only: bool = Field(
+        False,
+        description=(
+            "RTSP: decode only the key frames (an ffmpeg process with -skip_frame nokey), "
+            "one per GOP, at a fraction of the CPU: for a pipeline that needs a frame "
+            "every second or two. Needs Debian's ffmpeg; without it every frame is decoded."
+        ),
+    )
     username: str = Field(
         "",
         max_length=256,

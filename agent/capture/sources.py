@@ -140,11 +140,17 @@ class VideoCaptureSource(Source):
     found the stream over is ``ended``.
     """
 
-    def __init__(self, config: CameraConfig) -> None:
+    def __init__(self, config: CameraConfig, *, extra_options: str = "") -> None:
         super().__init__(config)
         self.live = config.kind in _LIVE_KINDS
+        self.extra_options = extra_options
         self._cap: cv2.VideoCapture | None = None
         self._frames_since_open = 0
+
+    @property
+    def capture(self) -> cv2.VideoCapture | None:
+        """The open OpenCV capture (None when closed), for its properties."""
+        return self._cap
 
     def open(self) -> None:
         c = self.config
@@ -191,7 +197,8 @@ class VideoCaptureSource(Source):
         url = stream_url(c)
         if c.kind != "rtsp":
             return cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
-        with _ffmpeg_options().use(ffmpeg_options(c), c.open_timeout_s + 5):
+        options = "|".join(o for o in (ffmpeg_options(c), self.extra_options) if o)
+        with _ffmpeg_options().use(options, c.open_timeout_s + 5):
             return cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
 
     def _read_once(self) -> Image | None:

@@ -106,7 +106,8 @@ PARTS = {
         depends=(SYSUSERS,),
         # a local broker for actions and sensors; not needed where [mqtt] names another host
         recommends=("mosquitto",),
-        suggests=("mosquitto-clients", "v4l-utils", "sqlite3"),
+        # ffmpeg: the vaapi decoder and keyframes_only; gstreamer1.0-tools: the gstreamer one
+        suggests=("mosquitto-clients", "v4l-utils", "sqlite3", "ffmpeg", "gstreamer1.0-tools"),
     ),
     "server": Part(
         name="server",

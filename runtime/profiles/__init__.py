@@ -23,13 +23,14 @@ The schema is in :mod:`runtime.profiles.schema`, reading files in
 
 from runtime.profiles.detect import ENV_VAR, load_profile
 from runtime.profiles.files import list_profiles
-from runtime.profiles.schema import MatchRule, ProcessesConfig, Profile
+from runtime.profiles.schema import MatchRule, ProcessesConfig, Profile, VideoConfig
 
 __all__ = [
     "ENV_VAR",
     "MatchRule",
     "ProcessesConfig",
     "Profile",
+    "VideoConfig",
     "list_profiles",
     "load_profile",
 ]

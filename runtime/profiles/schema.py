@@ -128,6 +128,47 @@ class ProcessesConfig(BaseModel):
     )
 
 
+VideoDecoder = Literal["software", "v4l2m2m", "vaapi", "gstreamer"]
+
+
+class VideoConfig(BaseModel):
+    """How the agent decodes its cameras' video (``[video]`` table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    decoders: tuple[VideoDecoder, ...] = Field(
+        default=("software",),
+        description=(
+            "Video decoders for RTSP and file cameras, best first; each one that can't "
+            "run here (no device node, no program, a failed open) is passed over with a "
+            "log line, and software (OpenCV's FFmpeg, in process) is always the last "
+            "resort. v4l2m2m: the SoC's V4L2 memory-to-memory decoder through OpenCV's "
+            "FFmpeg (h264_v4l2m2m, hevc_v4l2m2m; Raspberry Pi 4). vaapi: an ffmpeg "
+            "process with -hwaccel vaapi on vaapi_device (Intel and AMD GPUs). "
+            "gstreamer: a gst-launch-1.0 process with gst_decoder (nvv4l2decoder on "
+            "Jetson), RTSP cameras only."
+        ),
+    )
+    vaapi_device: StrictStr = Field(
+        default="/dev/dri/renderD128",
+        description="The DRM render node the vaapi decoder opens.",
+    )
+    gst_decoder: StrictStr = Field(
+        default="nvv4l2decoder",
+        pattern=r"^[a-z0-9_]+$",
+        description="The GStreamer decoder element of the gstreamer decoder.",
+    )
+    gst_convert: StrictStr = Field(
+        default="nvvidconv ! video/x-raw,format=BGRx",
+        pattern=r"^$|^[a-z0-9_]+( ! [A-Za-z0-9_/,=.:()-]+)*$",
+        description=(
+            "The GStreamer elements (joined by ' ! ') between gst_decoder and videoconvert "
+            "that copy frames out of device memory (on Jetson nvvidconv, then BGRx caps; "
+            '"" for none).'
+        ),
+    )
+
+
 class Profile(BaseModel):
     """One device class: core pinning, workers, execution providers and budgets."""
 
@@ -239,6 +280,10 @@ class Profile(BaseModel):
         description=(
             "Scheduling of the agent's hot-path and companion processes ([processes] table)."
         ),
+    )
+    video: VideoConfig = Field(
+        default_factory=VideoConfig,
+        description="How camera video is decoded ([video] table).",
     )
 
     @field_validator("name")

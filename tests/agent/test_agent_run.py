@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -461,3 +462,40 @@ def test_reload_swaps_the_bundle_while_the_camera_keeps_running(
     assert ("2.0.0", "pass") in seen
     after = seen[seen.index(("2.0.0", "pass")) :]
     assert all(v == "2.0.0" for v, _ in after)
+
+
+def test_healthz_and_readyz_name_the_reason_a_camera_is_down(
+    tmp_path: Path, brightness_bundle: Path
+) -> None:
+    from agent.app import Agent
+
+    with socket.socket() as s:  # a port where nothing listens: the camera is refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cfg = load_config(
+        _config(
+            tmp_path,
+            '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 20\n'
+            f'[[cameras]]\nname = "door"\nkind = "rtsp"\nuri = "rtsp://127.0.0.1:{closed}/main"\n'
+            "open_timeout_s = 1.0\nbackoff_initial_s = 0.2\nbackoff_max_s = 0.5\n"
+            f'[[pipelines]]\nname = "p"\nsource = "c1"\nbundle = "{brightness_bundle}"\n'
+            f'[[pipelines]]\nname = "q"\nsource = "door"\nbundle = "{brightness_bundle}"\n',
+        )
+    )
+    agent = Agent(cfg, http=False)
+    agent.start()
+    try:
+        assert _wait(lambda: agent.cameras["door"].stats().failures.get("refused", 0) >= 1, 20)
+        assert _wait(lambda: agent.cameras["c1"].up, 20)
+        alive, health = agent.health()
+        ready, readiness = agent.ready()
+    finally:
+        agent.stop()
+    assert alive  # a camera that is down is reopened; the agent is not dead
+    door = health["cameras"]["door"]
+    assert door["up"] is False
+    assert door["failure"] == "refused"
+    assert door["failures"]["refused"] >= 1
+    assert health["cameras"]["c1"]["failure"] == ""
+    assert not ready
+    assert readiness["camera_failures"] == {"door": "refused"}

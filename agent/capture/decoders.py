@@ -1,0 +1,214 @@
+"""Which decoder an RTSP camera's video goes through, with software as the last resort.
+
+The firmware profile's ``[video] decoders`` (or the camera's ``decoder``) lists them best
+first:
+
+- ``v4l2m2m``: the SoC's V4L2 memory-to-memory decoder, through OpenCV's own FFmpeg
+  (``h264_v4l2m2m``, ``hevc_v4l2m2m``, which the opencv-python wheel has), in process;
+- ``vaapi``: an ``ffmpeg -hwaccel vaapi`` child on the profile's render node
+  (:mod:`agent.capture.pipe`);
+- ``gstreamer``: a ``gst-launch-1.0`` child with the profile's decoder element
+  (``nvv4l2decoder`` on Jetson);
+- ``software``: OpenCV's FFmpeg in process (with ``keyframes_only``: an ``ffmpeg
+  -skip_frame nokey`` child).
+
+A decoder whose program or device is missing is passed over before anything is started.
+One that fails to open is tried against software: if the camera opens in software, the
+decoder is what failed; it is passed over for this camera's life (a warning says why)
+and software runs. If the camera does not open in software either, the camera failed
+(with its reason word), and the decoder is tried again on the next reopen. Each change of
+the decoder that runs is logged at INFO, and the stats name it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+
+import cv2
+
+from agent.capture.config import CameraConfig
+from agent.capture.pipe import PipeSource, StreamInfo, ffmpeg_argv, gst_argv, printable
+from agent.capture.sources import Image, Source, VideoCaptureSource
+from agent.errors import CaptureError
+from runtime.profiles import VideoConfig
+
+logger = logging.getLogger(__name__)
+
+SOFTWARE = "software"
+KEYFRAMES = "keyframes_only"
+"""Passed over when key frames alone can't be decoded (no ffmpeg, or its child failed)."""
+_CODECS = {"h264": "h264", "avc1": "h264", "x264": "h264", "hevc": "h265", "hev1": "h265"}
+_CODECS |= {"hvc1": "h265", "h265": "h265"}
+_V4L2M2M = {"h264": "h264_v4l2m2m", "h265": "hevc_v4l2m2m"}
+
+
+def _fourcc(cap: cv2.VideoCapture) -> str:
+    code = int(cap.get(cv2.CAP_PROP_FOURCC))
+    return "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4)).strip("\0 ").lower()
+
+
+class Decoding:
+    """One camera's decoder choice, kept across its reopens.
+
+    Attributes:
+        chain: the decoders to try, best first, ending with software.
+        passed_over: decoders that can't run for this camera, with why.
+        running: what decodes now ("" before the first open), e.g. ``vaapi`` or
+            ``software (key frames)``.
+        info: the stream's size and codec, learned at the first open that needed them.
+    """
+
+    def __init__(self, config: CameraConfig, video: VideoConfig) -> None:
+        self.camera = config.name
+        self.video = video
+        wanted = video.decoders if config.decoder == "auto" else (config.decoder,)
+        self.chain: tuple[str, ...] = tuple(dict.fromkeys([*wanted, SOFTWARE]))
+        self.passed_over: dict[str, str] = {}
+        self.running = ""
+        self.info: StreamInfo | None = None
+        self._lock = threading.Lock()
+
+    def candidates(self) -> list[str]:
+        """The decoders still to try, best first (software always)."""
+        with self._lock:
+            return [d for d in self.chain if d == SOFTWARE or d not in self.passed_over]
+
+    def pass_over(self, decoder: str, why: str) -> None:
+        """Don't try ``decoder`` again for this camera; says so once."""
+        with self._lock:
+            if decoder in self.passed_over:
+                return
+            self.passed_over[decoder] = why
+        logger.warning("camera %s: decoder %s can't run: %s", self.camera, decoder, why)
+
+    def now_running(self, label: str, how: str) -> None:
+        """Record (and log, when it changed) the decoder that runs."""
+        with self._lock:
+            changed, self.running = self.running != label, label
+        if changed:
+            logger.info("camera %s: decoding with %s (%s)", self.camera, label, how)
+
+
+def missing(decoder: str, config: CameraConfig, video: VideoConfig) -> str | None:
+    """Why ``decoder`` can't run here at all (None when it may): a program or device node."""
+    if decoder == "vaapi":
+        if shutil.which("ffmpeg") is None:
+            return "no ffmpeg program (Debian package ffmpeg)"
+        if not os.path.exists(video.vaapi_device):
+            return f"no {video.vaapi_device} (no GPU render node here, or not allowed to it)"
+    if decoder == "gstreamer":
+        if config.kind != "rtsp":
+            return "gstreamer decodes RTSP cameras only"
+        if shutil.which("gst-launch-1.0") is None:
+            return "no gst-launch-1.0 program (Debian package gstreamer1.0-tools)"
+    if decoder in ("v4l2m2m", "gstreamer") and config.keyframes_only:
+        return "keyframes_only decodes with ffmpeg (vaapi or software)"
+    return None
+
+
+def learn(config: CameraConfig) -> StreamInfo:
+    """The stream's size and codec, from one frame read in software.
+
+    Raises:
+        CaptureError: the camera can't be opened or gave no frame (its reason word kept).
+    """
+    source = VideoCaptureSource(config)
+    source.open()
+    try:
+        image = source.read()
+        if image is None:
+            raise CaptureError(config.name, "no frame to learn the stream's size from")
+        cap = source.capture
+        codec = _CODECS.get(_fourcc(cap), "") if cap is not None else ""
+        return StreamInfo(width=image.shape[1], height=image.shape[0], codec=codec)
+    finally:
+        source.close()
+
+
+class DecodedSource(Source):
+    """An RTSP camera read through the first decoder of its :class:`Decoding` that runs."""
+
+    live = True
+
+    def __init__(self, config: CameraConfig, decoding: Decoding) -> None:
+        super().__init__(config)
+        self.decoding = decoding
+        self._inner: Source | None = None
+
+    def open(self) -> None:
+        c, d = self.config, self.decoding
+        for decoder in d.candidates():
+            if decoder == SOFTWARE:
+                break
+            why = missing(decoder, c, d.video)
+            if why is not None:
+                d.pass_over(decoder, why)
+            elif self._try(decoder):
+                return
+        if c.keyframes_only and KEYFRAMES not in d.passed_over:
+            if shutil.which("ffmpeg") is None:
+                d.pass_over(KEYFRAMES, "no ffmpeg program: every frame is decoded")
+            elif self._try(KEYFRAMES):
+                return
+        self._inner = VideoCaptureSource(c)
+        self._inner.open()
+        d.now_running(SOFTWARE, "OpenCV FFmpeg, in process")
+
+    def _try(self, decoder: str) -> bool:
+        """Open through ``decoder``; False (and it is passed over) when the decoder failed.
+
+        Raises:
+            CaptureError: the camera itself failed (it does not open in software either).
+        """
+        c, d = self.config, self.decoding
+        fresh = d.info is None
+        if d.info is None:
+            d.info = learn(c)  # the camera's own failure ends the open here
+        source: Source | None = None
+        how = decoder
+        try:
+            source, label, how = self._build(decoder, d.info)
+            source.open()
+        except CaptureError as e:
+            if source is not None:
+                source.close()
+            if not fresh:
+                learn(c)  # does the camera still open in software? if not, it failed
+            why = e.reason
+            if isinstance(source, VideoCaptureSource):  # OpenCV only says "can't open"
+                why = f"OpenCV's FFmpeg did not open the stream with {how}"
+            d.pass_over(decoder, why)
+            return False
+        self._inner = source
+        d.now_running(label, how)
+        return True
+
+    def _build(self, decoder: str, info: StreamInfo) -> tuple[Source, str, str]:
+        c, video = self.config, self.decoding.video
+        keyframes = " (key frames)" if c.keyframes_only else ""
+        if decoder == "v4l2m2m":
+            codec = _V4L2M2M.get(info.codec)
+            if codec is None:
+                raise CaptureError(c.name, f"v4l2m2m decodes H.264 and H.265, not {info.codec!r}")
+            source = VideoCaptureSource(c, extra_options=f"video_codec;{codec}")
+            return source, "v4l2m2m", f"OpenCV FFmpeg {codec}, in process"
+        if decoder == "gstreamer":
+            argv = gst_argv(c, info, video.gst_decoder, video.gst_convert)
+            return PipeSource(c, argv, info), f"gstreamer ({video.gst_decoder})", printable(argv)
+        device = video.vaapi_device if decoder == "vaapi" else None
+        argv = ffmpeg_argv(c, info, vaapi_device=device, keyframes_only=c.keyframes_only)
+        label = "software" if decoder == KEYFRAMES else decoder
+        return PipeSource(c, argv, info), label + keyframes, printable(argv)
+
+    def read(self) -> Image | None:
+        if self._inner is None:
+            raise CaptureError(self.config.name, "read before open")
+        return self._inner.read()
+
+    def close(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
