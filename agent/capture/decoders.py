@@ -76,13 +76,15 @@ class Decoding:
         with self._lock:
             return [d for d in self.chain if d == SOFTWARE or d not in self.passed_over]
 
-    def pass_over(self, decoder: str, why: str) -> None:
-        """Don't try ``decoder`` again for this camera; says so once."""
+    def pass_over(self, decoder: str, why: str, *, tried: bool = True) -> None:
+        """Don't try ``decoder`` again for this camera; says so once: a warning when it
+        was tried and failed, INFO when this device simply lacks it (no GPU node)."""
         with self._lock:
             if decoder in self.passed_over:
                 return
             self.passed_over[decoder] = why
-        logger.warning("camera %s: decoder %s can't run: %s", self.camera, decoder, why)
+        level = logging.WARNING if tried else logging.INFO
+        logger.log(level, "camera %s: decoder %s can't run: %s", self.camera, decoder, why)
 
     def now_running(self, label: str, how: str) -> None:
         """Record (and log, when it changed) the decoder that runs."""
@@ -145,7 +147,7 @@ class DecodedSource(Source):
                 break
             why = missing(decoder, c, d.video)
             if why is not None:
-                d.pass_over(decoder, why)
+                d.pass_over(decoder, why, tried=False)
             elif self._try(decoder):
                 return
         if c.keyframes_only and KEYFRAMES not in d.passed_over:
