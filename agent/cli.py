@@ -272,6 +272,7 @@ def cmd_cameras(args: argparse.Namespace) -> int:
     found = report.discover(
         timeout_s=args.timeout,
         interface=args.interface,
+        ip=args.ip,
         creds=creds,
         http_timeout_s=args.http_timeout,
         network=not args.no_network,
@@ -460,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=3.0, help="seconds to wait for WS-Discovery replies"
     )
     cams.add_argument("--interface", help="send the probe out of this interface only (e.g. eth1)")
+    cams.add_argument(
+        "--ip",
+        choices=("4", "6", "both"),
+        default="both",
+        help="probe 239.255.255.250 (4), ff02::c on each link (6) or both at once (default)",
+    )
     cams.add_argument("--user", help="ONVIF user for GetProfiles/GetStreamUri")
     cams.add_argument(
         "--password-env",

@@ -5,7 +5,8 @@ With credentials every request carries a WS-UsernameToken with PasswordDigest
 (``Base64(SHA-1(nonce + created + password))``, the ONVIF Core spec's scheme); the password
 never goes on the wire. Every request has a timeout and a response size cap, and responses
 are parsed by :mod:`agent.discovery.xmlsafe`. A camera that can't be read is reported with
-the reason, never raised.
+the reason, never raised. A link-local IPv6 address the camera names without a zone (its
+media service, its RTSP URIs) gets the zone of the device service's address.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from xml.sax.saxutils import escape
 
 from agent.discovery import xmlsafe
 from agent.discovery.errors import UntrustedXMLError
+from agent.discovery.linklocal import with_zone, zone
 
 NS_SOAP = "http://www.w3.org/2003/05/soap-envelope"
 NS_DEVICE = "http://www.onvif.org/ver10/device/wsdl"
@@ -179,7 +181,7 @@ def media_xaddr(device_xaddr: str, creds: Credentials | None, timeout_s: float) 
         timeout_s,
     )
     media = xmlsafe.child(body, "GetCapabilitiesResponse", "Capabilities", "Media", "XAddr")
-    return xmlsafe.text(media) or device_xaddr
+    return with_zone(xmlsafe.text(media), zone(device_xaddr)) or device_xaddr
 
 
 def parse_profiles(body: Element) -> list[Profile]:
@@ -245,7 +247,7 @@ def read_profiles(
         uris = xmlsafe.descendants(body, "Uri")
         uri = xmlsafe.text(uris[0] if uris else None)
         if uri.startswith(("rtsp://", "rtsps://")):
-            p.uri = uri
+            p.uri = with_zone(uri, zone(device_xaddr))
         else:
             p.uri_error = f"not an rtsp:// URI: {uri[:100]!r}"
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ def discover(
     *,
     timeout_s: float = 3.0,
     interface: str | None = None,
+    ip: str = "both",
     creds: onvif.Credentials | None = None,
     http_timeout_s: float = 3.0,
     network: bool = True,
@@ -39,8 +41,8 @@ def discover(
     }
     if not network:
         return report
-    result = wsdiscovery.probe(timeout_s, interface)
-    report["probe"] = vars(result.stats)
+    result = wsdiscovery.probe(timeout_s, interface, ip=ip)
+    report["probe"] = asdict(result.stats)
 
     def profiles(match: wsdiscovery.ProbeMatch) -> dict[str, Any]:
         if not match.xaddrs:
@@ -56,8 +58,9 @@ def discover(
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """The report as lines for a terminal."""
+def format_report(report: dict[str, Any], not_probed: str = "--no-network") -> str:
+    """The report as lines for a terminal (``not_probed``: the option that skipped the
+    probe, named when it was skipped)."""
     lines = ["V4L2 devices:"]
     if not report["v4l2"]:
         lines.append("  no V4L2 devices")
@@ -74,14 +77,9 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append(f"      {fmt['fourcc']:<4} {fmt['description']}: {sizes}")
     stats = report["probe"]
     if stats is None:
-        lines.append("ONVIF cameras: not probed (--no-network)")
+        lines.append(f"ONVIF cameras: not probed ({not_probed})")
         return "\n".join(lines) + "\n"
-    on = f" on {stats['interface']}" if stats["interface"] else ""
-    skipped = stats["oversized"] + stats["unparsable"] + stats["unrelated"]
-    lines.append(
-        f"ONVIF cameras (WS-Discovery{on}, TTL {stats['ttl']}, {stats['elapsed_s']:.1f} s, "
-        f"{stats['datagrams']} replies, {skipped} skipped):"
-    )
+    lines += _probe_lines(stats)
     if not report["onvif"]:
         lines.append("  none answered")
     for cam in report["onvif"]:
@@ -98,3 +96,20 @@ def format_report(report: dict[str, Any]) -> str:
             where = p["uri"] or f"no URI ({p['uri_error']})"
             lines.append(f"    {p['name'] or p['token']} [{video}]: {where}")
     return "\n".join(lines) + "\n"
+
+
+def _probe_lines(stats: dict[str, Any]) -> list[str]:
+    on = f" on {stats['interface']}" if stats["interface"] else ""
+    skipped = stats["oversized"] + stats["unparsable"] + stats["unrelated"]
+    how = []
+    if "ipv4" in stats["families"]:
+        how.append(f"IPv4 TTL {stats['ttl']}")
+    if "ipv6" in stats["families"]:
+        links = ",".join(stats["links6"]) or "no link"
+        how.append(f"IPv6 hop limit {stats['hop_limit']} on {links}")
+    lines = [
+        f"ONVIF cameras (WS-Discovery{on}, {', '.join(how)}, {stats['elapsed_s']:.1f} s, "
+        f"{stats['datagrams']} replies, {skipped} skipped):"
+    ]
+    lines += [f"  ({error})" for error in stats["errors"]]
+    return lines

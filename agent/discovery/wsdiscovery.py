@@ -1,33 +1,46 @@
 """WS-Discovery (2005/04, the version ONVIF uses): one Probe for ONVIF
-``NetworkVideoTransmitter`` sent to 239.255.255.250:3702 with a multicast TTL of 1, and
-the ProbeMatch replies read for a bounded time.
+``NetworkVideoTransmitter`` sent to 239.255.255.250:3702 with a multicast TTL of 1 and to
+[ff02::c]:3702 with a hop limit of 1, and the ProbeMatch replies read for a bounded time.
 
-Only the local link is ever reached: the TTL is 1 and the probe goes out of one interface
-when one is named (``IP_MULTICAST_IF`` with the interface index), else the route the kernel
-picks for the group. Every receive is bounded by what is left of the deadline; replies are
-untrusted: size-capped, parsed by :mod:`agent.discovery.xmlsafe`, and a reply that can't be
-read is counted in :class:`ProbeStats` and skipped, never raised.
+Only the local link is ever reached: the TTL and hop limit are 1. IPv4 goes out of the
+named interface (``IP_MULTICAST_IF``), else the one the kernel routes the group to; IPv6's
+ff02::c is link-scoped, so it goes out of the named interface, else each interface that is
+up, multicast-capable and not loopback (at most MAX_LINKS). Both families run by default,
+on their own sockets, in the same time window: IPv6 adds no wait. Every receive is bounded
+by what is left of the deadline; replies are untrusted: size-capped, parsed by
+:mod:`agent.discovery.xmlsafe`, and a reply that can't be read is counted in
+:class:`ProbeStats` and skipped, never raised.
 """
 
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
 import struct
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from agent.discovery import xmlsafe
 from agent.discovery.errors import DiscoveryError, UntrustedXMLError
+from agent.discovery.linklocal import with_zone
 
 log = logging.getLogger(__name__)
 
 GROUP = "239.255.255.250"
+GROUP6 = "ff02::c"
 PORT = 3702
 TTL = 1
+"""The multicast TTL (IPv4) and hop limit (IPv6): the probe never leaves the link."""
+IP_CHOICES = ("4", "6", "both")
+MAX_LINKS = 32
+"""At most this many interfaces get an IPv6 probe when none is named."""
+SYS_CLASS_NET = Path("/sys/class/net")
+IFF_UP, IFF_LOOPBACK, IFF_MULTICAST = 0x1, 0x8, 0x1000  # <linux/if.h>
 MAX_REPLY_BYTES = 16 * 1024
 """A ProbeMatches is 1-3 KB; anything over this is counted as oversized and dropped."""
 MAX_DATAGRAMS = 1024
@@ -90,6 +103,15 @@ class ProbeStats:
     elapsed_s: float = 0.0
     interface: str = ""
     ttl: int = TTL
+    """IPv4 multicast TTL the probe was sent with (read back from the socket)."""
+    hop_limit: int = TTL
+    """IPv6 multicast hop limit the probe was sent with (read back from the socket)."""
+    families: list[str] = field(default_factory=list)
+    """``ipv4``, ``ipv6``: the families a probe socket was opened for."""
+    links6: list[str] = field(default_factory=list)
+    """The interfaces the IPv6 probe went out of."""
+    errors: list[str] = field(default_factory=list)
+    """What failed without stopping the probe (one family's socket or send)."""
 
 
 @dataclass
@@ -153,81 +175,186 @@ def _is_camera(m: ProbeMatch) -> bool:
     return any(t.rsplit(":", 1)[-1] == NVT for t in m.types)
 
 
-def _socket(interface: str | None) -> socket.socket:
+def _index(interface: str) -> int:
+    try:
+        return socket.if_nametoindex(interface)
+    except OSError as exc:
+        raise DiscoveryError(f"no network interface {interface!r}") from exc
+
+
+def _socket4(index: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
     try:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, TTL)
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-        if interface:
-            try:
-                index = socket.if_nametoindex(interface)
-            except OSError as exc:
-                raise DiscoveryError(f"no network interface {interface!r}") from exc
+        if index:
             mreqn = struct.pack("=4s4si", bytes(4), bytes(4), index)  # struct ip_mreqn
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, mreqn)
         sock.bind(("", 0))
-    except OSError as exc:
-        sock.close()
-        raise DiscoveryError(f"cannot open the probe socket: {exc}") from exc
-    except DiscoveryError:
+    except OSError:
         sock.close()
         raise
     return sock
+
+
+def _socket6() -> socket.socket:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, TTL)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_LOOP, 1)
+        sock.bind(("::", 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def links(sys_class_net: Path = SYS_CLASS_NET) -> list[str]:
+    """The interfaces an IPv6 probe goes out of when none is named: up, multicast-capable,
+    not loopback (``/sys/class/net/*/flags``), at most MAX_LINKS, in index order."""
+    out = []
+    for index, name in socket.if_nameindex():
+        try:
+            flags = int((sys_class_net / name / "flags").read_text().strip(), 16)
+        except (OSError, ValueError):
+            continue
+        if flags & IFF_UP and flags & IFF_MULTICAST and not flags & IFF_LOOPBACK:
+            out.append((index, name))
+    return [name for _, name in sorted(out)[:MAX_LINKS]]
+
+
+@dataclass
+class _Probe:
+    """One probe's sockets and where each sends."""
+
+    message: bytes
+    targets: list[tuple[socket.socket, tuple[Any, ...], str]] = field(default_factory=list)
+
+    def send(self, stats: ProbeStats) -> int:
+        sent = 0
+        for sock, dest, label in self.targets:
+            try:
+                sock.sendto(self.message, dest)
+                sent += 1
+            except OSError as exc:
+                reason = f"cannot send the probe to {label}: {exc.strerror or exc}"
+                if reason not in stats.errors:
+                    stats.errors.append(reason)
+                log.info("%s", reason)
+        return sent
 
 
 def probe(
     timeout_s: float = 3.0,
     interface: str | None = None,
     *,
+    ip: str = "both",
     group: str = GROUP,
+    group6: str = GROUP6,
     port: int = PORT,
 ) -> ProbeResult:
-    """Send the Probe and collect ONVIF cameras' ProbeMatches for ``timeout_s`` seconds.
+    """Send the Probe (IPv4 to ``group``, IPv6 to ``group6`` on each link, as ``ip`` says:
+    ``"4"``, ``"6"`` or ``"both"``) and collect ONVIF cameras' ProbeMatches for
+    ``timeout_s`` seconds.
 
     Raises:
-        DiscoveryError: the interface does not exist or the socket can't be opened or
-            send (no route to the group, for one).
+        DiscoveryError: the interface does not exist, or no probe could be sent at all
+            (no socket, no route to either group); with ``both``, one family failing is
+            only recorded in the stats' ``errors``.
     """
+    if ip not in IP_CHOICES:
+        raise DiscoveryError(f"ip must be one of {', '.join(IP_CHOICES)}, not {ip!r}")
+    index = _index(interface) if interface else 0
     message_id = f"urn:uuid:{uuid.uuid4()}"
-    message = probe_message(message_id)
     result = ProbeResult(stats=ProbeStats(interface=interface or ""))
+    stats = result.stats
+    plan = _Probe(probe_message(message_id))
+    socks: list[socket.socket] = []
+    try:
+        if ip in ("4", "both"):
+            try:
+                s4 = _socket4(index)
+                socks.append(s4)
+                stats.ttl = s4.getsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL)
+                plan.targets.append((s4, (group, port), f"{group}:{port}"))
+                stats.families.append("ipv4")
+            except OSError as exc:
+                stats.errors.append(f"no IPv4 probe socket: {exc.strerror or exc}")
+        if ip in ("6", "both"):
+            try:
+                s6 = _socket6()
+                socks.append(s6)
+                stats.hop_limit = s6.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS)
+                stats.links6 = [interface] if interface else links()
+                for name in stats.links6:
+                    scope = socket.if_nametoindex(name)
+                    plan.targets.append((s6, (group6, port, 0, scope), f"[{group6}%{name}]:{port}"))
+                stats.families.append("ipv6")
+            except OSError as exc:
+                stats.errors.append(f"no IPv6 probe socket: {exc.strerror or exc}")
+        _collect(plan, socks, timeout_s, message_id, result)
+    finally:
+        for s in socks:
+            s.close()
+    return result
+
+
+def _collect(
+    plan: _Probe,
+    socks: list[socket.socket],
+    timeout_s: float,
+    message_id: str,
+    result: ProbeResult,
+) -> None:
     stats = result.stats
     seen: set[str] = set()
     start = time.monotonic()
     deadline = start + max(0.0, timeout_s)
-    with _socket(interface) as sock:
-        stats.ttl = sock.getsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL)
-        try:
-            sock.sendto(message, (group, port))
-        except OSError as exc:
-            raise DiscoveryError(f"cannot send the probe to {group}:{port}: {exc}") from exc
-        repeat_at: float | None = start + REPEAT_AFTER_S
+    if not plan.targets or plan.send(stats) == 0:
+        raise DiscoveryError("; ".join(stats.errors) or "no interface to probe on")
+    repeat_at: float | None = start + REPEAT_AFTER_S
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
         while stats.datagrams < MAX_DATAGRAMS and len(seen) < MAX_MATCHES:
             now = time.monotonic()
             if now >= deadline:
                 break
             if repeat_at is not None and now >= repeat_at:
                 repeat_at = None
-                try:
-                    sock.sendto(message, (group, port))
-                except OSError as exc:
-                    log.warning("probe repeat not sent: %s", exc)
+                plan.send(stats)  # SOAP-over-UDP's repeat; a failure is in stats.errors
             wake = deadline if repeat_at is None else min(deadline, repeat_at)
-            sock.settimeout(max(0.001, wake - now))
-            try:
-                data, addr = sock.recvfrom(65535)
-            except TimeoutError:
-                continue
-            except OSError as exc:  # an ICMP error surfacing on the socket
-                log.info("probe socket: %s", exc)
-                continue
-            stats.datagrams += 1
-            _take(data, f"{addr[0]}:{addr[1]}", message_id, result, seen)
+            for key, _ in sel.select(max(0.001, wake - now)):
+                sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    data, addr = sock.recvfrom(65535)
+                except OSError as exc:  # an ICMP error surfacing on the socket
+                    log.info("probe socket: %s", exc)
+                    continue
+                stats.datagrams += 1
+                _take(data, _sender(addr), message_id, result, seen)
         else:
             stats.truncated = True
     stats.matches = len(result.matches)
     stats.elapsed_s = round(time.monotonic() - start, 3)
-    return result
+
+
+def _sender(addr: tuple[Any, ...]) -> str:
+    """``host:port``; IPv6 as ``[addr%zone]:port`` (the zone for a link-local sender)."""
+    if len(addr) == 4:
+        host, port, _flow, scope = addr
+        if scope and "%" not in host:
+            host = f"{host}%{_ifname(scope)}"
+        return f"[{host}]:{port}"
+    return f"{addr[0]}:{addr[1]}"
+
+
+def _ifname(index: int) -> str:
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return str(index)
 
 
 def _take(data: bytes, sender: str, message_id: str, result: ProbeResult, seen: set[str]) -> None:
@@ -245,6 +372,9 @@ def _take(data: bytes, sender: str, message_id: str, result: ProbeResult, seen: 
         stats.unrelated += 1
         log.debug("reply from %s skipped: %s", sender, exc)
         return
+    zone = sender.partition("%")[2].partition("]")[0]
+    if zone:
+        matches = [replace(m, xaddrs=[with_zone(x, zone) for x in m.xaddrs]) for m in matches]
     for m in matches:
         if not _is_camera(m):
             stats.not_camera += 1
