@@ -1,8 +1,8 @@
 """IPv6 link-local addresses in URLs: a camera that answers a WS-Discovery probe over IPv6
 often names itself ``http://[fe80::...]/onvif/device_service``, with no zone, and such an
 address means nothing without the interface it lives on. The zone of the interface its
-reply came in on is added (``[fe80::1%eth0]``, the form ``getaddrinfo`` and
-``http.client`` take; RFC 6874's ``%25`` is read too)."""
+reply came in on is added in RFC 6874's form, ``[fe80::1%25eth0]`` (``urllib`` unquotes
+the host, so a bare ``%eth0`` would be read as a percent-escape); ``%eth0`` is read too."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def zone(url: str) -> str:
 
 def with_zone(url: str, zone_name: str) -> str:
     """``url`` with ``zone_name`` added to its host when that is a link-local IPv6 literal
-    without a zone (``%25`` normalised to ``%``); any other URL as it is."""
+    without a zone (written ``%25ZONE``); any other URL as it is."""
     if not zone_name:
         return url
     try:
@@ -40,7 +40,7 @@ def with_zone(url: str, zone_name: str) -> str:
         return url
     if not link_local:
         return url
-    netloc = f"[{address}%{have or zone_name}]{rest}"
+    netloc = f"[{address}%25{have or zone_name}]{rest}"
     if userinfo:
         netloc = f"{userinfo}@{netloc}"
     return urlunsplit(parts._replace(netloc=netloc))

@@ -341,7 +341,8 @@ def _collect(
 
 
 def _sender(addr: tuple[Any, ...]) -> str:
-    """``host:port``; IPv6 as ``[addr%zone]:port`` (the zone for a link-local sender)."""
+    """``host:port``; IPv6 as ``[addr%zone]:port`` (the zone for a link-local sender, as
+    ``getaddrinfo`` writes it)."""
     if len(addr) == 4:
         host, port, _flow, scope = addr
         if scope and "%" not in host:
