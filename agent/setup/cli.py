@@ -37,14 +37,22 @@ EPILOG = """examples:
   edge-agent setup --list-cameras
   edge-agent setup --camera /dev/video0 --bundle /media/usb/cls
   edge-agent setup --camera rtsp://10.0.0.21/stream1 --profile jetson-orin --bundle b/cls
+  CAM_PASSWORD=... edge-agent setup --list-cameras --camera-user admin \
+      --camera-password-env CAM_PASSWORD
+  CAM_PASSWORD=... edge-agent setup --camera onvif:192.168.1.64 --camera-user admin \
+      --camera-password-env CAM_PASSWORD --bundle /media/usb/cls
   edge-agent setup --camera test --bundle bundles/cls --config a.toml --state-dir state \\
       --credentials-dir creds --systemd-dropin-dir '' --force
   printf '%s\\n' "$TOKEN" | edge-agent setup --camera /dev/video0 --bundle /media/usb/cls \\
       --fleet http://fleet.example:8080 --token -
 
---camera takes a V4L2 device (/dev/video0, or 0), an rtsp:// or http:// (MJPEG) URL, a
-video file, a directory of images, or `test` (a generated pattern); without it, every
-V4L2 capture device found. --bundle is copied into the state directory and run by one
+--camera takes a V4L2 device (/dev/video0, or 0), an rtsp:// or http:// (MJPEG) URL, an
+ONVIF camera found by WS-Discovery (onvif:ADDRESS or onvif:urn:uuid:ENDPOINT, as
+--list-cameras shows them: its best profile becomes uri, its lowest detect_uri), a video
+file, a directory of images, or `test` (a generated pattern); without it, every V4L2
+capture device found. The camera password is never written: --camera-password-env names
+the secret (environment variable, or a file of that name in the credentials directory).
+--bundle is copied into the state directory and run by one
 pipeline per camera; a signed bundle of the same name from the fleet or a side-load takes
 over. An existing config is refused without --force; with it, setup writes the same
 files again (an enrollment with the same fleet and device id is kept).
@@ -94,7 +102,36 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--owner", help="the service's user (default: edgefleet if it exists, else yours)"
     )
-    p.add_argument("--list-cameras", action="store_true", help="only list the cameras")
+    p.add_argument(
+        "--list-cameras",
+        action="store_true",
+        help="only list the cameras: V4L2 devices and ONVIF cameras (WS-Discovery)",
+    )
+    p.add_argument("--camera-user", default="", help="the cameras' user (ONVIF and RTSP)")
+    p.add_argument(
+        "--camera-password-env",
+        default="",
+        metavar="VAR",
+        help="the secret holding --camera-user's password (environment variable or "
+        "credentials file); written as password_env, the password never is",
+    )
+    p.add_argument(
+        "--discover-timeout",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds to wait for WS-Discovery replies (default 3)",
+    )
+    p.add_argument(
+        "--no-discover", action="store_true", help="--list-cameras: do not probe the network"
+    )
+    p.add_argument("--discover-interface", help="probe out of this interface only (e.g. eth1)")
+    p.add_argument(
+        "--discover-ip",
+        choices=("4", "6", "both"),
+        default="both",
+        help="WS-Discovery over IPv4, IPv6 or both at once (default)",
+    )
     p.add_argument(
         "--sysfs-root", default=str(SYSFS_ROOT), help=f"the sysfs to list (default {SYSFS_ROOT})"
     )
@@ -140,15 +177,44 @@ def _print_report(report: SetupReport) -> None:
         print(f"next: {step}")
 
 
+def _list_cameras(args: argparse.Namespace, sysfs: Path, dev: Path) -> int:
+    """V4L2 devices and, unless --no-discover, ONVIF cameras with their RTSP profiles."""
+    if args.no_discover:
+        found: dict[str, Any] = {
+            "v4l2": [c.to_dict() for c in list_cameras(sysfs, dev)],
+            "onvif": [],
+            "probe": None,
+        }
+    else:
+        from agent.discovery.report import format_report  # noqa: PLC0415
+        from agent.setup import onvif  # noqa: PLC0415 - discovery only when asked for
+
+        d = onvif.Discovery(
+            args.discover_timeout,
+            args.discover_interface,
+            args.discover_ip,
+            args.camera_user,
+            args.camera_password_env,
+            Path(args.credentials_dir),
+        )
+        found = onvif.discover(d, sysfs_root=sysfs, dev_dir=dev)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if args.no_discover:
+        sys.stdout.write(format_cameras(list_cameras(sysfs, dev)))
+        print("ONVIF cameras: not probed (--no-discover)")
+        return 0
+    sys.stdout.write(format_report(found))
+    for cam in found["onvif"]:
+        print(f"choose: --camera onvif:{cam['endpoint'] or cam['sender']}")
+    return 0
+
+
 def cmd_setup(args: argparse.Namespace) -> int:
     sysfs, dev = Path(args.sysfs_root), Path(args.dev_dir)
     if args.list_cameras:
-        cameras = list_cameras(sysfs, dev)
-        if args.json:
-            print(json.dumps([c.to_dict() for c in cameras], indent=2))
-        else:
-            sys.stdout.write(format_cameras(cameras))
-        return 0
+        return _list_cameras(args, sysfs, dev)
     from agent.setup.device import SetupOptions, setup_device  # noqa: PLC0415 - keep edge-agent light
 
     if (args.fleet is None) != (args.token is None):
@@ -169,6 +235,11 @@ def cmd_setup(args: argparse.Namespace) -> int:
         force=args.force,
         sysfs_root=sysfs,
         dev_dir=dev,
+        camera_user=args.camera_user,
+        camera_password_env=args.camera_password_env,
+        discover_timeout_s=args.discover_timeout,
+        discover_interface=args.discover_interface,
+        discover_ip=args.discover_ip,
     )
     report = setup_device(opts, _token_reader(args.token))
     if args.json:

@@ -24,7 +24,7 @@ import shutil
 import socket
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,11 @@ class SetupOptions:
     force: bool = False
     sysfs_root: Path = SYSFS_ROOT
     dev_dir: Path = DEV_DIR
+    camera_user: str = ""
+    camera_password_env: str = ""
+    discover_timeout_s: float = 3.0
+    discover_interface: str | None = None
+    discover_ip: str = "both"
 
 
 @dataclass
@@ -202,8 +207,14 @@ def camera_entry(
 def _cameras(opts: SetupOptions, report: SetupReport) -> list[CameraEntry]:
     entries: list[CameraEntry] = []
     if opts.cameras:
-        for i, value in enumerate(opts.cameras):
-            entry, _ = camera_entry(value, f"cam{i}", opts.dev_dir)
+        names = [f"cam{i}" for i in range(len(opts.cameras))]
+        discovered = _onvif(opts, names)
+        for name, value in zip(names, opts.cameras, strict=True):
+            entry = discovered.get(name) or camera_entry(value, name, opts.dev_dir)[0]
+            if entry.kind in ("rtsp", "http") and opts.camera_user and not entry.username:
+                entry = replace(
+                    entry, username=opts.camera_user, password_env=opts.camera_password_env
+                )
             entries.append(entry)
         return entries
     found = list_cameras(opts.sysfs_root, opts.dev_dir)
@@ -213,6 +224,24 @@ def _cameras(opts: SetupOptions, report: SetupReport) -> list[CameraEntry]:
             entry, _ = camera_entry(cam.device, f"cam{len(entries)}", opts.dev_dir)
             entries.append(entry)
     return entries
+
+
+def _onvif(opts: SetupOptions, names: list[str]) -> dict[str, CameraEntry]:
+    """The entries of the ``onvif:`` cameras given (one probe for all), keyed by name."""
+    refs = [(n, v) for n, v in zip(names, opts.cameras, strict=True) if v.startswith("onvif:")]
+    if not refs:
+        return {}
+    from agent.setup import onvif  # noqa: PLC0415 - discovery only when asked for
+
+    d = onvif.Discovery(
+        opts.discover_timeout_s,
+        opts.discover_interface,
+        opts.discover_ip,
+        opts.camera_user,
+        opts.camera_password_env,
+        opts.credentials_dir,
+    )
+    return onvif.entries(refs, d)
 
 
 def _bundle(opts: SetupOptions, profile: str) -> BundleEntry | None:

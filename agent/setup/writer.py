@@ -41,6 +41,9 @@ class CameraEntry:
     width: int | None = None
     height: int | None = None
     note: str = ""
+    detect_uri: str = ""
+    username: str = ""
+    password_env: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,15 @@ def render(plan: DevicePlan, now: datetime | None = None) -> str:
         out += [f"name = {_s(cam.name)}", f"kind = {_s(cam.kind)}"]
         if cam.uri:
             out.append(f"uri = {_s(cam.uri)}")
+        if cam.detect_uri:
+            out.append(f"detect_uri = {_s(cam.detect_uri)}  # the sub-stream the agent decodes")
+        if cam.username:
+            out.append(f"username = {_s(cam.username)}")
+        if cam.password_env:
+            out.append(
+                f"password_env = {_s(cam.password_env)}  # the password: a file of this name in "
+                "the credentials directory, or this environment variable"
+            )
         if cam.width is not None and cam.height is not None:
             out += [f"width = {cam.width}", f"height = {cam.height}"]
         out.append(f"line = {_s(DEFAULT_LINE)}")

@@ -187,6 +187,7 @@ def test_list_cameras_command_says_no_cameras_found(tmp_path: Path) -> None:
                 str(BIN / "edge-agent"),
                 "setup",
                 "--list-cameras",
+                "--no-discover",
                 "--sysfs-root",
                 str(tmp_path),
                 *extra,
@@ -198,7 +199,7 @@ def test_list_cameras_command_says_no_cameras_found(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
         if extra:
-            assert json.loads(done.stdout) == []
+            assert json.loads(done.stdout) == {"v4l2": [], "onvif": [], "probe": None}
         else:
             assert done.stdout.strip().startswith("no cameras found"), done.stdout
 
