@@ -205,6 +205,11 @@ class CameraConfig(Section):
             )
         if self.username and any("@" in urlsplit(u).netloc for u in (self.uri, self.detect_uri)):
             raise ValueError("the user is given twice: in uri and in username; keep username")
+        if self.kind != "rtsp" and (self.decoder != "auto" or self.keyframes_only):
+            raise ValueError(
+                f"decoder and keyframes_only apply to rtsp cameras only, not {self.kind} "
+                "(other kinds decode in software)"
+            )
         return self
 
 

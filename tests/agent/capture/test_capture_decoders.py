@@ -164,3 +164,11 @@ def test_the_documented_jetson_pipeline_is_the_one_the_agent_runs() -> None:
     argv = gst_argv(config, StreamInfo(640, 360, "h264"), video.gst_decoder, video.gst_convert)
     documented = re.sub(r"\s*\\\n\s*", " ", (ROOT / "docs/cameras.md").read_text())
     assert printable(argv) in documented
+
+
+@pytest.mark.parametrize("fields", [{"decoder": "vaapi"}, {"keyframes_only": True}])
+def test_decoder_settings_on_a_camera_that_is_not_rtsp_are_refused_naming_them(
+    fields: dict[str, object],
+) -> None:
+    with pytest.raises(ValueError, match="decoder and keyframes_only apply to rtsp cameras only"):
+        CameraConfig.model_validate({"name": "f", "kind": "file", "uri": "a.mp4", **fields})
