@@ -33,7 +33,6 @@ from agent.config import load_config
 from agent.directives.config import BundlesConfig
 from agent.directives.link import trust_dir
 from agent.enrollment.identity import Identity, enroll
-from agent.errors import AgentError
 from agent.kernel.bundle import load_bundle
 from agent.kernel.durable import copy_durable, fsync_dir, hash_file, make_dirs
 from agent.kernel.errors import EdgefleetError
@@ -48,6 +47,7 @@ from agent.setup.cameras import (
     list_cameras,
     probe,
 )
+from agent.setup.errors import SetupError
 from agent.setup.profile import ChosenProfile, choose_profile
 from agent.setup.writer import BundleEntry, CameraEntry, DevicePlan, check, render, write_config
 from agent.wire.topics import is_device_id
@@ -57,20 +57,6 @@ SERVICE_USER = "edgefleet"
 SYNTHETIC = ("test", "synthetic")
 LOCAL_BUNDLES = "local-bundles"
 MAX_BUNDLE_FILES = 1000
-
-
-class SetupError(AgentError):
-    """Setup refused its input or could not finish; ``what`` names the input at fault.
-
-    Attributes:
-        what: the option or thing at fault ("--camera /dev/video3", "config").
-        reason: what is wrong.
-    """
-
-    def __init__(self, what: str, reason: str) -> None:
-        self.what = what
-        self.reason = reason
-        super().__init__(f"{what}: {reason}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ The written camera is ``kind = "rtsp"`` with the highest-resolution profile's RT
 ``uri`` and, when a profile of lower resolution has one, the lowest's as ``detect_uri`` (the
 agent decodes the sub-stream); ``username`` and ``password_env`` name the credentials, the
 password itself is never written. A camera not found, or whose profiles can't be read, is a
-:class:`~agent.setup.device.SetupError` naming it and the reason, before anything is written.
+:class:`~agent.setup.errors.SetupError` naming it and the reason, before anything is written.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from agent.discovery import onvif, report
 from agent.discovery.errors import DiscoveryError
 from agent.kernel.secrets import credential_file, read_secret
-from agent.setup.device import SetupError
+from agent.setup.errors import SetupError
 from agent.setup.writer import CameraEntry
 
 PREFIX = "onvif:"
