@@ -31,6 +31,7 @@ import cv2
 
 from agent.capture.config import CameraConfig
 from agent.capture.pipe import PipeSource, StreamInfo, ffmpeg_argv, gst_argv, printable
+from agent.capture.rtsp import failure_of
 from agent.capture.sources import Image, Source, VideoCaptureSource
 from agent.errors import CaptureError
 from runtime.profiles import VideoConfig
@@ -38,6 +39,9 @@ from runtime.profiles import VideoConfig
 logger = logging.getLogger(__name__)
 
 SOFTWARE = "software"
+TIMEOUT_STRIKES = 3
+"""Sessions in a row a decoder may give no first frame in, while the camera opens in
+software, before it is passed over for the camera's life."""
 KEYFRAMES = "keyframes_only"
 """Passed over when key frames alone can't be decoded (no ffmpeg, or its child failed)."""
 _CODECS = {"h264": "h264", "avc1": "h264", "x264": "h264", "hevc": "h265", "hev1": "h265"}
@@ -69,6 +73,7 @@ class Decoding:
         self.passed_over: dict[str, str] = {}
         self.running = ""
         self.info: StreamInfo | None = None
+        self._strikes: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def candidates(self) -> list[str]:
@@ -85,6 +90,14 @@ class Decoding:
             self.passed_over[decoder] = why
         level = logging.WARNING if tried else logging.INFO
         logger.log(level, "camera %s: decoder %s can't run: %s", self.camera, decoder, why)
+
+    def strike(self, decoder: str, *, clear: bool = False) -> int:
+        """Count a session ``decoder`` gave no first frame in (``clear``: it delivered);
+        the count in a row."""
+        with self._lock:
+            n = 0 if clear else self._strikes.get(decoder, 0) + 1
+            self._strikes[decoder] = n
+            return n
 
     def now_running(self, label: str, how: str) -> None:
         """Record (and log, when it changed) the decoder that runs."""
@@ -159,14 +172,18 @@ class DecodedSource(Source):
         self._inner.open()
         d.now_running(SOFTWARE, "OpenCV FFmpeg, in process")
 
-    def _try(self, decoder: str) -> bool:
-        """Open through ``decoder``; False (and it is passed over) when the decoder failed.
+    def _try(self, decoder: str, *, again: bool = False) -> bool:
+        """Open through ``decoder``; False when the decoder failed (software runs).
+
+        A decoder that gave an error is passed over at once. One that gave no frame within
+        ``open_timeout_s`` while the camera opens in software may have met the camera
+        coming back: it is tried once more, then this session runs in software, and only
+        after :data:`TIMEOUT_STRIKES` such sessions in a row is it passed over.
 
         Raises:
             CaptureError: the camera itself failed (it does not open in software either).
         """
         c, d = self.config, self.decoding
-        fresh = d.info is None
         if d.info is None:
             d.info = learn(c)  # the camera's own failure ends the open here
         source: Source | None = None
@@ -177,14 +194,24 @@ class DecodedSource(Source):
         except CaptureError as e:
             if source is not None:
                 source.close()
-            if not fresh:
-                learn(c)  # does the camera still open in software? if not, it failed
+            learn(c)  # does the camera still open in software? if not, it failed
+            if failure_of(e) == "timeout":
+                if not again:
+                    return self._try(decoder, again=True)
+                if d.strike(decoder) < TIMEOUT_STRIKES:
+                    logger.warning(
+                        "camera %s: decoder %s gave no frame in %g s, twice, while the "
+                        "camera opens in software; software until the next reopen",
+                        c.name, decoder, c.open_timeout_s,
+                    )  # fmt: skip
+                    return False
             why = e.reason
             if isinstance(source, VideoCaptureSource):  # OpenCV only says "can't open"
                 why = f"OpenCV's FFmpeg did not open the stream with {how}"
             d.pass_over(decoder, why)
             return False
         self._inner = source
+        d.strike(decoder, clear=True)
         d.now_running(label, how)
         return True
 

@@ -240,16 +240,15 @@ class PipeSource(Source):
         self._pending = None
         if proc is None:
             return
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=_STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=_STOP_WAIT_S)
-            except ProcessLookupError:
-                logger.debug(
-                    "camera %s: %s exited before it was stopped", self.config.name, self.argv[0]
-                )
         if proc.stdout is not None:
-            proc.stdout.close()
+            proc.stdout.close()  # first: a child blocked writing a frame gets EPIPE
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=_STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=_STOP_WAIT_S)
+        except ProcessLookupError:
+            logger.debug("camera %s: %s exited before its stop", self.config.name, self.argv[0])

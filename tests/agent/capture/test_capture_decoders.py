@@ -146,14 +146,20 @@ def test_a_decoder_child_that_gets_no_data_is_reported_stalled_and_recovers(
 ) -> None:
     camera = start(
         cameras, rtsp_server, VideoConfig(), keyframes_only=True,
-        stall_timeout_s=2.0, backoff_initial_s=0.2, backoff_max_s=1.0,
+        stall_timeout_s=2.0, open_timeout_s=3.0, backoff_initial_s=0.2, backoff_max_s=1.0,
     )  # fmt: skip
     rtsp_server.pause()
-    wait_for(lambda: "stalled" in camera.stats().failures, 10, "the stall to be reported")
+    stalled_s = wait_for(lambda: "stalled" in camera.stats().failures, 10, "the stall reported")
     assert not camera.up
     rtsp_server.resume()
-    wait_for(lambda: camera.up, 20, "the camera to capture again")
-    assert camera.stats().decoder == "software (key frames)"
+    back_s = wait_for(lambda: camera.up, 20, "the camera to capture again")
+    print(f"stall reported in {stalled_s:.2f} s; capturing {back_s:.2f} s after the resume")
+    stats = camera.stats()
+    # A reopen during the stall can find the stream opening in software (the server
+    # prerolls a frame) while ffmpeg, which reads further, times out: that session runs in
+    # software, and the decoder is tried again at the next reopen, not given up.
+    assert stats.decoder in ("software (key frames)", "software")
+    assert stats.decoders_passed_over == {}
 
 
 def test_the_documented_jetson_pipeline_is_the_one_the_agent_runs() -> None:
