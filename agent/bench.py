@@ -61,6 +61,11 @@ from typing import Any
 import numpy as np
 
 from agent.app import Agent
+from agent.benchreport import (
+    cameras_section,
+    shadow_section,
+    staggered_section,
+)
 from agent.benchsource import BenchSource, measure_source
 from agent.config import parse_config
 from agent.decodecost import cameras_full
@@ -86,15 +91,6 @@ DECODE_S = 3.0
 LIVE_CAP_FPS = 1000.0
 """A live camera's ``fps`` in the bench: a cap above any stream's rate, so that every
 frame the stream delivers is published."""
-KEPT_UP_SHARE = 0.9
-"""N streams kept up when each camera captured at least this share of the frames its
-stream sent (stream fps x seconds)."""
-TARGET_OVER_BARE_MS = 1.0
-"""Issue 15's target: e2e p99 <= bare p99 + 1 ms at 60 % of capacity."""
-TARGET_CAMERA_RATIO = 1.5
-"""Issue 15's target: with N cameras, each camera's p99 <= 1.5 x the single camera's."""
-TARGET_SHADOW_RATIO = 1.10
-"""Issue 17's target: a shadow at sample 0.2 costs the live e2e p99 at most 10 %."""
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -446,153 +442,12 @@ def run_agent_bench(
         "cameras": cameras,
         "per_camera_p99_ms": {n: p["p99_ms"] for n, p in run["per_camera"].items()},
     }
-    if shadowed is not None:
-        base_p99 = e2e["p99_ms"]
-        with_p99 = shadowed["e2e"]["p99_ms"]
+    if shadow is not None and shadowed is not None:
         report.update(
-            {
-                "shadow_bundle": str(shadow),
-                "shadow_sample": shadow_sample,
-                "shadow_max_fps": shadow_max_fps,
-                "e2e_p50_ms": shadowed["e2e"]["p50_ms"],
-                "e2e_p99_ms": with_p99,
-                "e2e_p999_ms": shadowed["e2e"]["p999_ms"],
-                "e2e_p50_ms_baseline": e2e["p50_ms"],
-                "e2e_p99_ms_baseline": base_p99,
-                "p99_ratio": round(with_p99 / base_p99, 4) if base_p99 else None,
-                "shadow_frames": shadowed["shadow_frames"],
-                "shadow_skipped": shadowed["shadow_skipped"],
-                "shadow_decisions_per_s": round(shadowed["rate"], 1),
-                "decisions_per_s_baseline": round(run["rate"], 1),
-                "load_share_of_capacity": round(shadowed["rate"] / capacity, 3)
-                if capacity
-                else None,
-            }
+            shadow_section(run, shadowed, capacity, shadow, shadow_sample, shadow_max_fps)
         )
     if many is not None:
-        single = e2e["p99_ms"]
-
-        def ratio(r: dict[str, Any]) -> float | None:
-            worst = max(p["p99_ms"] for p in r["per_camera"].values())
-            return round(worst / single, 3) if single else None
-
-        report.update(
-            {
-                "single_camera_p99_ms": single,
-                "per_camera_p99_ms": {n: p["p99_ms"] for n, p in many["per_camera"].items()},
-                "per_camera_p99_over_single_max": ratio(many),
-                "per_camera": many["per_camera"],
-                "cameras_decisions_per_s": round(many["rate"], 1),
-                "cameras_e2e_p99_ms": many["e2e"]["p99_ms"],
-                "cameras_rss_mb_by_process": many["rss_mb_by_process"],
-            }
-        )
-        if src.live:
-            report.update(_kept_up(many, fps * duration_s))
+        report.update(cameras_section(run, many, fps * duration_s if src.live else None))
     if staggered is not None:
-        report.update(
-            {
-                "staggered_per_camera_p99_ms": {
-                    n: p["p99_ms"] for n, p in staggered["per_camera"].items()
-                },
-                "staggered_per_camera_p99_over_single_max": round(
-                    max(p["p99_ms"] for p in staggered["per_camera"].values()) / e2e["p99_ms"], 3
-                )
-                if e2e["p99_ms"]
-                else None,
-                "staggered_per_camera": staggered["per_camera"],
-            }
-        )
+        report.update(staggered_section(run, staggered))
     return report
-
-
-def _kept_up(many: dict[str, Any], expected: float) -> dict[str, Any]:
-    """N live streams: each camera's frames captured against what one stream delivered
-    alone in as long (``expected``), and whether every camera got :data:`KEPT_UP_SHARE`."""
-    for p in many["per_camera"].values():
-        p["frames_expected"] = round(expected)
-    captured = {n: p["frames_captured"] for n, p in many["per_camera"].items()}
-    return {
-        "cameras_frames_expected": round(expected),
-        "cameras_frames_captured": captured,
-        "cameras_decode_kept_up": bool(expected)
-        and all(c >= KEPT_UP_SHARE * expected for c in captured.values()),
-    }
-
-
-def format_report(r: dict[str, Any]) -> str:
-    target = r["bare_p99_ms"] + TARGET_OVER_BARE_MS
-    met = "met" if r["e2e_p99_ms"] <= target else "NOT met"
-    rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb_by_process"].items())
-    live = r.get("live", False)
-    lines = [
-        f"model {r['model']} {r['model_version']}, frames {r['frame_shape']}, source {r['source']}",
-        f"decode               p50 {r['decode_ms_p50']:.3f} ms ({r['decode_ms_basis']}), "
-        f"CPU {r['decode_cpu_per_frame_ms']:.3f} ms/frame over {r['frames_decoded']} frames "
-        f"at {r['stream_fps']:.1f} fps: {r['cores']} cores full at "
-        f"{r['cameras_full_at_stream_fps']:g} such cameras "
-        f"({r['cameras_full_at_15fps']:g} at 15 fps)",
-        f"bare runtime         p50 {r['bare_p50_ms']:.3f} ms  p99 {r['bare_p99_ms']:.3f} ms  "
-        f"({r['bare_rps']:.0f} rps, one session)",
-        f"capacity             {r['capacity_fps']:.1f} decisions/s "
-        f"({'a pattern of the stream' if live else 'camera'}'s size at "
-        f"{r['capacity_offered_fps']:.0f} fps, {r['frames_in_flight']} frames in flight)",
-        f"{'stream' if live else 'at'} {r['load']:.0%} ({r['offered_fps']:.0f} fps)  "
-        f"e2e p50 {r['e2e_p50_ms']:.3f} ms  "
-        f"p99 {r['e2e_p99_ms']:.3f} ms  (target <= bare p99 + {TARGET_OVER_BARE_MS:g} ms = "
-        f"{target:.3f}: {met})",
-    ]
-    if "p99_ratio" in r:
-        ratio = r["p99_ratio"]
-        ok = "met" if ratio is not None and ratio <= TARGET_SHADOW_RATIO else "NOT met"
-        lines.append(
-            f"with the shadow on {r['shadow_sample']:.0%} of the frames: e2e p99 "
-            f"{r['e2e_p99_ms']:.3f} ms vs {r['e2e_p99_ms_baseline']:.3f} ms without = {ratio} "
-            f"(target <= {TARGET_SHADOW_RATIO:g}: {ok}); {r['shadow_frames']} frames compared, "
-            f"{r['shadow_skipped']} skipped (pool busy)"
-        )
-    if r["stages_ms"]:
-        lines.append(
-            "pipeline stages p50/p99 ms: "
-            + ", ".join(f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in r["stages_ms"].items())
-        )
-    if r["pool_stages_ms"]:
-        lines.append(
-            "pool stages p50/p99 ms: "
-            + ", ".join(
-                f"{k} {v['p50']:.3f}/{v['p99']:.3f}" for k, v in r["pool_stages_ms"].items()
-            )
-        )
-    lines += [
-        f"frames captured {r['frames_captured']}, dropped {r['frames_dropped']}, "
-        f"decisions logged {r['decisions_logged']}",
-        f"RSS {r['rss_mb']:.0f} MB ({rss}), "
-        f"cold start to first decision {r['cold_start_to_first_decision_s']:.2f} s",
-    ]
-    if "cameras_decode_kept_up" in r:
-        kept = "kept up" if r["cameras_decode_kept_up"] else "did NOT keep up"
-        lines.append(
-            f"{r['cameras']} streams decoding: {kept} (frames captured "
-            f"{r['cameras_frames_captured']} of {r['cameras_frames_expected']} each)"
-        )
-    if r["cameras"] > 1 and "per_camera" in r:
-        runs = [("started together", "")]
-        if "staggered_per_camera" in r:
-            runs.append(("phases staggered", "staggered_"))
-        for title, key in runs:
-            ratio = r[f"{key}per_camera_p99_over_single_max"]
-            ok = "met" if ratio is not None and ratio <= TARGET_CAMERA_RATIO else "NOT met"
-            lines.append(
-                f"{r['cameras']} cameras, {'each a stream' if live else 'same total rate'}, "
-                f"{title}: worst camera p99 / "
-                f"single-camera p99 {r['single_camera_p99_ms']:.3f} ms = {ratio} "
-                f"(target <= {TARGET_CAMERA_RATIO:g}: {ok})"
-            )
-            for name, p in r[f"{key}per_camera"].items():
-                starved = ", STARVED" if p["starved"] else ""
-                lines.append(
-                    f"  {name}: p50 {p['p50_ms']:.3f} ms  p99 {p['p99_ms']:.3f} ms  "
-                    f"{p['decisions_per_s']:.1f} decisions/s  dropped {p['frames_dropped']} "
-                    f"(drop ratio {p['drop_ratio']:.2f}){starved}"
-                )
-    return "\n".join(lines)

@@ -179,7 +179,8 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from agent.bench import format_report, run_agent_bench  # noqa: PLC0415 - keep other commands light
+    from agent.bench import run_agent_bench  # noqa: PLC0415 - keep other commands light
+    from agent.benchreport import format_report  # noqa: PLC0415
 
     report = run_agent_bench(
         Path(args.bundle),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from agent import bench
+from agent.benchreport import format_report
 from agent.kernel.bundle import init_bundle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_bench_with_two_cameras_reports_each_camera_each_process_and_each_stage(
     assert r["cold_start_to_first_decision_s"] > 0
     assert {"take", "submit", "wait", "postprocess", "emit", "e2e"} <= set(r["stages_ms"])
     assert "inference" in r["pool_stages_ms"]
-    text = bench.format_report(r)
+    text = format_report(r)
     assert "cam2" in text
     assert "phases staggered" in text
     assert "CPU" in text
