@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from agent import bench
+from agent.benchreport import format_report
 from agent.errors import AgentError
 from agent.kernel.bundle import init_bundle
 
@@ -65,7 +66,7 @@ def test_bench_with_a_shadow_reports_both_p99s_their_ratio_and_the_shadow_frames
     assert r["shadow_frames"] > 0
     assert r["shadow_skipped"] >= 0
     assert r["load_share_of_capacity"] > 0
-    assert "with the shadow on 50% of the frames" in bench.format_report(r)
+    assert "with the shadow on 50% of the frames" in format_report(r)
 
 
 def test_bench_without_a_shadow_has_no_shadow_keys(
