@@ -248,10 +248,13 @@ class _Run:
             self.enter(Phase.CANCELLED, f"cancelled: paused longer than {limit} s")
         elif r.phase is Phase.ROLLING_BACK:
             left = [d for d in r.order if self.devices[d].status is S.REVERTING]
+            # the cause stays first in the reason: the operator reads why, not just how
             if not left:
-                self.enter(Phase.ROLLED_BACK, "every reverted device runs its previous bundle")
+                self.enter(
+                    Phase.ROLLED_BACK, f"{r.reason}; every reverted device runs its previous bundle"
+                )
             elif due:
-                self.enter(Phase.ROLLED_BACK, f"timeout: not confirmed by {_ids(left)}")
+                self.enter(Phase.ROLLED_BACK, f"{r.reason}; timeout: not confirmed by {_ids(left)}")
         elif r.phase in ACTIVE:
             self.active(due)
 

@@ -397,13 +397,14 @@ def test_rolling_back_ends_even_when_a_device_does_not_confirm() -> None:
     f.bad = {f.r.order[2]}
     f.run()
     assert f.r.phase is Phase.ROLLING_BACK
+    cause = f.r.reason
     f.silent = {f.r.order[0]}
     f.answer()
     f.tick(3599)
     assert f.r.phase is Phase.ROLLING_BACK
     f.tick(1)
     assert f.r.phase is Phase.ROLLED_BACK
-    assert f.r.reason == f"timeout: not confirmed by {f.r.order[0]}"
+    assert f.r.reason == f"{cause}; timeout: not confirmed by {f.r.order[0]}"
     assert f.r.devices[f.r.order[0]].status is S.REVERTING
 
 

@@ -171,9 +171,12 @@ def test_a_disagreeing_candidate_fails_in_its_shadow_phase_and_nothing_ever_swit
     reverts = [c for c in f.cmds if isinstance(c, RevertDirective)]
     assert all((c.bundle, c.release) == ("det", 1) for c in reverts)  # what they run
     assert f.r.gate["shadow_upper"] < 0.97  # type: ignore[operator]
+    cause = f.r.reason
     f.answer()
     f.tick()
     assert f.r.phase is Phase.ROLLED_BACK
+    # once rolled back, the reason still starts with why
+    assert f.r.reason == f"{cause}; every reverted device runs its previous bundle"
     assert all(f.r.devices[d].active.release == 1 for d in f.r.order)  # type: ignore[union-attr]
 
 
