@@ -100,7 +100,10 @@ FAULT = (
 )
 
 
-def _authorized(body: str) -> bool:
+def authorized(body: str) -> bool:
+    """The request carries a WS-UsernameToken digest of USER and PASSWORD (and no clear
+    password)."""
+
     def get(tag: str) -> str:
         m = re.search(rf"<wsse:{tag}[^>]*>([^<]*)</wsse:{tag}>", body)
         return m.group(1) if m else ""
@@ -113,9 +116,17 @@ def _authorized(body: str) -> bool:
     return get("Password") == base64.b64encode(want).decode() and PASSWORD not in body
 
 
-def camera_http(bind: tuple[object, ...], url_host: str) -> http.server.ThreadingHTTPServer:
+def camera_http(
+    bind: tuple[object, ...],
+    url_host: str,
+    *,
+    profiles: str = PROFILES,
+    rtsp_port: int = 554,
+    needs_auth: bool = True,
+) -> http.server.ThreadingHTTPServer:
     """The camera's device and media services; ``url_host`` is how it names itself (a
-    link-local address without a zone, as cameras do)."""
+    link-local address without a zone, as cameras do); its stream URIs are
+    ``rtsp://url_host:rtsp_port/<profile token>``."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *_args: object) -> None:
@@ -126,7 +137,7 @@ def camera_http(bind: tuple[object, ...], url_host: str) -> http.server.Threadin
             body = self.rfile.read(n).decode()
             port = self.server.server_address[1]
             status = 200
-            if not _authorized(body):
+            if needs_auth and not authorized(body):
                 status, answer = 400, FAULT
             elif "GetCapabilities" in body:
                 answer = (
@@ -135,12 +146,12 @@ def camera_http(bind: tuple[object, ...], url_host: str) -> http.server.Threadin
                     "</tds:Capabilities></tds:GetCapabilitiesResponse>"
                 )
             elif "GetProfiles" in body and self.path == "/onvif/media":
-                answer = PROFILES
+                answer = profiles
             elif "GetStreamUri" in body and self.path == "/onvif/media":
                 token = re.search(r"<trt:ProfileToken>([^<]*)<", body)
                 answer = (
                     "<trt:GetStreamUriResponse><trt:MediaUri><tt:Uri>"
-                    f"rtsp://{url_host}:554/{token.group(1) if token else '?'}</tt:Uri>"
+                    f"rtsp://{url_host}:{rtsp_port}/{token.group(1) if token else '?'}</tt:Uri>"
                     "</trt:MediaUri></trt:GetStreamUriResponse>"
                 )
             else:
@@ -158,7 +169,16 @@ def camera_http(bind: tuple[object, ...], url_host: str) -> http.server.Threadin
     return Server(bind, Handler)  # type: ignore[arg-type]
 
 
-def probe_match(relates_to: str, xaddr: str) -> bytes:
+def probe_match(
+    relates_to: str,
+    xaddr: str,
+    *,
+    endpoint: str = ENDPOINT,
+    name: str = "Dock%20door",
+    hardware: str = "DS-2",
+) -> bytes:
+    """A ProbeMatches answer to the probe ``relates_to``: an ONVIF video transmitter at
+    ``xaddr`` (``name`` as it goes in a scope: percent-encoded)."""
     return (
         '<?xml version="1.0" encoding="UTF-8"?><e:Envelope '
         'xmlns:e="http://www.w3.org/2003/05/soap-envelope" '
@@ -169,9 +189,9 @@ def probe_match(relates_to: str, xaddr: str) -> bytes:
         f"<w:RelatesTo>{relates_to}</w:RelatesTo>"
         "<w:Action>http://schemas.xmlsoap.org/ws/2005/04/discovery/ProbeMatches</w:Action>"
         "</e:Header><e:Body><d:ProbeMatches><d:ProbeMatch>"
-        f"<w:EndpointReference><w:Address>{ENDPOINT}</w:Address></w:EndpointReference>"
+        f"<w:EndpointReference><w:Address>{endpoint}</w:Address></w:EndpointReference>"
         "<d:Types>dn:NetworkVideoTransmitter</d:Types>"
-        "<d:Scopes>onvif://www.onvif.org/name/Dock%20door onvif://www.onvif.org/hardware/DS-2"
+        f"<d:Scopes>onvif://www.onvif.org/name/{name} onvif://www.onvif.org/hardware/{hardware}"
         f"</d:Scopes><d:XAddrs>{xaddr}</d:XAddrs><d:MetadataVersion>1</d:MetadataVersion>"
         "</d:ProbeMatch></d:ProbeMatches></e:Body></e:Envelope>"
     ).encode()

@@ -7,9 +7,6 @@ through ``ip netns exec`` as a subprocess."""
 
 from __future__ import annotations
 
-import base64
-import ctypes
-import hashlib
 import http.server
 import json
 import os
@@ -23,15 +20,13 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.agent.discovery import onvif_camera
+from tests.agent.discovery.onvif_camera import IP_RECVTTL, PASSWORD, REPO, USER, in_netns
+
 GROUP, PORT = "239.255.255.250", 3702
-CLONE_NEWNET = 0x40000000
-USER, PASSWORD = "admin", "s3cret-pw"
-IP_RECVTTL = getattr(socket, "IP_RECVTTL", 12)  # <linux/in.h>; Python 3.11 lacks the name
 
 
 @pytest.fixture
@@ -50,41 +45,8 @@ def netns() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], check=False, timeout=10)
 
 
-def in_netns(name: str, make: Callable[[], object]) -> object:
-    """Run ``make`` on a thread that entered netns ``name``; sockets it opens stay there."""
-    out: dict[str, object] = {}
-
-    def enter() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
-        try:
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                out["error"] = OSError(ctypes.get_errno(), "setns")
-                return
-        finally:
-            os.close(fd)
-        try:
-            out["value"] = make()
-        except Exception as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=enter)
-    t.start()
-    t.join(10)
-    if "error" in out:
-        raise out["error"]  # type: ignore[misc]
-    return out["value"]
-
-
 # ---- the camera's HTTP side ---------------------------------------------------------------
 
-ENV = (
-    '<?xml version="1.0" encoding="UTF-8"?><s:Envelope '
-    'xmlns:s="http://www.w3.org/2003/05/soap-envelope" '
-    'xmlns:tds="http://www.onvif.org/ver10/device/wsdl" '
-    'xmlns:trt="http://www.onvif.org/ver10/media/wsdl" '
-    'xmlns:tt="http://www.onvif.org/ver10/schema"><s:Body>{}</s:Body></s:Envelope>'
-)
 PROFILES = (
     '<trt:GetProfilesResponse><trt:Profiles token="main_tok" fixed="true"><tt:Name>MainStream'
     '</tt:Name><tt:VideoEncoderConfiguration token="v0"><tt:Name>v0</tt:Name>'
@@ -95,88 +57,21 @@ PROFILES = (
     "</tt:Height></tt:Resolution></tt:VideoEncoderConfiguration></trt:Profiles>"
     "</trt:GetProfilesResponse>"
 )
-FAULT = (
-    "<s:Fault><s:Code><s:Value>s:Sender</s:Value><s:Subcode><s:Value>ter:NotAuthorized"
-    '</s:Value></s:Subcode></s:Code><s:Reason><s:Text xml:lang="en">Sender not authorized'
-    "</s:Text></s:Reason></s:Fault>"
-)
-
-
-def _authorized(body: str) -> bool:
-    def get(tag: str) -> str:
-        m = re.search(rf"<wsse:{tag}[^>]*>([^<]*)</wsse:{tag}>", body)
-        return m.group(1) if m else ""
-
-    created = re.search(r"<wsu:Created>([^<]*)</wsu:Created>", body)
-    if not created or get("Username") != USER:
-        return False
-    nonce = base64.b64decode(get("Nonce"))
-    want = hashlib.sha1(nonce + created.group(1).encode() + PASSWORD.encode()).digest()  # noqa: S324 - the spec's digest
-    return get("Password") == base64.b64encode(want).decode() and PASSWORD not in body
 
 
 def camera_http(needs_auth: bool) -> http.server.ThreadingHTTPServer:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *_args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            n = min(int(self.headers.get("Content-Length", "0")), 1 << 16)
-            body = self.rfile.read(n).decode()
-            port = self.server.server_address[1]
-            status = 200
-            if needs_auth and not _authorized(body):
-                status, answer = 400, FAULT
-            elif "GetCapabilities" in body:
-                answer = (
-                    "<tds:GetCapabilitiesResponse><tds:Capabilities><tt:Media><tt:XAddr>"
-                    f"http://127.0.0.1:{port}/onvif/media</tt:XAddr></tt:Media>"
-                    "</tds:Capabilities></tds:GetCapabilitiesResponse>"
-                )
-            elif "GetProfiles" in body and self.path == "/onvif/media":
-                answer = PROFILES
-            elif "GetStreamUri" in body and self.path == "/onvif/media":
-                token = re.search(r"<trt:ProfileToken>([^<]*)<", body)
-                stream = token.group(1) if token else "?"
-                answer = (
-                    "<trt:GetStreamUriResponse><trt:MediaUri><tt:Uri>"
-                    f"rtsp://127.0.0.1:8554/{stream}</tt:Uri></trt:MediaUri>"
-                    "</trt:GetStreamUriResponse>"
-                )
-            else:
-                status, answer = 400, "<s:Fault/>"
-            data = ENV.format(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/soap+xml")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    return http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    return onvif_camera.camera_http(
+        ("127.0.0.1", 0), "127.0.0.1", profiles=PROFILES, rtsp_port=8554, needs_auth=needs_auth
+    )
 
 
 # ---- the camera's WS-Discovery side -------------------------------------------------------
 
 
-def probe_match(relates_to: str, xaddr: str, endpoint: str = "urn:uuid:cam-1") -> bytes:
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?><SOAP-ENV:Envelope '
-        'xmlns:SOAP-ENV="http://www.w3.org/2003/05/soap-envelope" '
-        'xmlns:wsa="http://schemas.xmlsoap.org/ws/2004/08/addressing" '
-        'xmlns:d="http://schemas.xmlsoap.org/ws/2005/04/discovery" '
-        'xmlns:dn="http://www.onvif.org/ver10/network/wsdl"><SOAP-ENV:Header>'
-        f"<wsa:MessageID>urn:uuid:{uuid.uuid4()}</wsa:MessageID>"
-        f"<wsa:RelatesTo>{relates_to}</wsa:RelatesTo>"
-        "<wsa:To>http://schemas.xmlsoap.org/ws/2004/08/addressing/role/anonymous</wsa:To>"
-        "<wsa:Action>http://schemas.xmlsoap.org/ws/2005/04/discovery/ProbeMatches</wsa:Action>"
-        "</SOAP-ENV:Header><SOAP-ENV:Body><d:ProbeMatches><d:ProbeMatch>"
-        f"<wsa:EndpointReference><wsa:Address>{endpoint}</wsa:Address></wsa:EndpointReference>"
-        "<d:Types>dn:NetworkVideoTransmitter tds:Device</d:Types>"
-        "<d:Scopes>onvif://www.onvif.org/type/video_encoder "
-        "onvif://www.onvif.org/name/Line%203%20cam onvif://www.onvif.org/hardware/IPC-T1"
-        f"</d:Scopes><d:XAddrs>{xaddr}</d:XAddrs><d:MetadataVersion>1</d:MetadataVersion>"
-        "</d:ProbeMatch></d:ProbeMatches></SOAP-ENV:Body></SOAP-ENV:Envelope>"
-    ).encode()
+def probe_match(relates_to: str, xaddr: str) -> bytes:
+    return onvif_camera.probe_match(
+        relates_to, xaddr, endpoint="urn:uuid:cam-1", name="Line%203%20cam", hardware="IPC-T1"
+    )
 
 
 GARBAGE = [
