@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from agent.config import AgentConfig, load_config
+from agent.discovery.cli import add_parser as add_cameras_parser
 from agent.echo import echo_decision
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
@@ -257,34 +258,6 @@ def cmd_bench_log(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cameras(args: argparse.Namespace) -> int:
-    from agent.discovery import onvif, report  # noqa: PLC0415 - keep other commands light
-
-    creds = None
-    if args.user:
-        password = os.environ.get(args.password_env, "")
-        if not password:
-            print(
-                f"edge-agent: cameras: --user needs the password in ${args.password_env}",
-                file=sys.stderr,
-            )
-            return EXIT_ERROR
-        creds = onvif.Credentials(args.user, password)
-    found = report.discover(
-        timeout_s=args.timeout,
-        interface=args.interface,
-        ip=args.ip,
-        creds=creds,
-        http_timeout_s=args.http_timeout,
-        network=not args.no_network,
-    )
-    if args.json:
-        print(json.dumps(found, indent=2))
-    else:
-        sys.stdout.write(report.format_report(found))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edge-agent",
@@ -450,36 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     blog.add_argument("--json", help="write the report here")
     blog.set_defaults(func=cmd_bench_log)
 
-    cams = sub.add_parser(
-        "cameras",
-        help="list the cameras this device can see: V4L2 devices and ONVIF cameras on the "
-        "local link (WS-Discovery, TTL 1) with their RTSP profiles",
-        epilog="examples:\n  edge-agent cameras\n"
-        "  CAM_PASSWORD=... edge-agent cameras --interface eth1 --user admin --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cams.add_argument(
-        "--timeout", type=float, default=3.0, help="seconds to wait for WS-Discovery replies"
-    )
-    cams.add_argument("--interface", help="send the probe out of this interface only (e.g. eth1)")
-    cams.add_argument(
-        "--ip",
-        choices=("4", "6", "both"),
-        default="both",
-        help="probe 239.255.255.250 (4), ff02::c on each link (6) or both at once (default)",
-    )
-    cams.add_argument("--user", help="ONVIF user for GetProfiles/GetStreamUri")
-    cams.add_argument(
-        "--password-env",
-        default="CAM_PASSWORD",
-        help="environment variable holding --user's password (default CAM_PASSWORD)",
-    )
-    cams.add_argument(
-        "--http-timeout", type=float, default=3.0, help="seconds per ONVIF HTTP request"
-    )
-    cams.add_argument("--no-network", action="store_true", help="V4L2 only; send nothing")
-    cams.add_argument("--json", action="store_true", help="print JSON")
-    cams.set_defaults(func=cmd_cameras)
+    add_cameras_parser(sub)
     return parser
 
 
