@@ -35,10 +35,11 @@ from fleet_server.api.context import BrokerEndpoint, ServerContext
 from fleet_server.broker import identity
 from fleet_server.broker.certs import ensure_cert
 from fleet_server.broker.fleet import BrokerSet, shard_addresses
+from fleet_server.broker.section import MAIN_SHARD
 from fleet_server.broker.slots import claim_slot
 from fleet_server.ca import FleetCA
 from fleet_server.cluster import open_cluster, replica_name
-from fleet_server.config import MAIN_SHARD, FleetServerConfig
+from fleet_server.config import FleetServerConfig
 from fleet_server.db import open_database
 from fleet_server.errors import FleetError
 from fleet_server.repository import KeyStore, Passphrases, Repository

@@ -38,7 +38,7 @@ from agent.kernel.mqtt import MqttSession, SessionOptions
 from agent.wire import topics
 from fleet_server.api.context import ServerContext
 from fleet_server.broker import identity
-from fleet_server.config import MAIN_SHARD
+from fleet_server.broker.section import MAIN_SHARD
 from fleet_server.db import store
 from fleet_server.distribution.file_server import MqttFileServer
 from fleet_server.errors import FleetError

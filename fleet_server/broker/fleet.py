@@ -19,8 +19,9 @@ from fleet_server.broker import identity
 from fleet_server.broker.certs import ensure_server_cert
 from fleet_server.broker.config import MosquittoConfig
 from fleet_server.broker.manage import BrokerError, ManagedBroker
+from fleet_server.broker.section import MAIN_SHARD
 from fleet_server.ca import FleetCA
-from fleet_server.config import MAIN_SHARD, FleetServerConfig
+from fleet_server.config import FleetServerConfig
 
 log = logging.getLogger(__name__)
 
