@@ -39,13 +39,15 @@ $(STAMP): pyproject.toml $(PINS)
 # linux-libc-dev) to check the V4L2 ioctl layouts. tests/systemd rates the packaged units
 # with systemd-analyze (systemd).
 # The RTSP camera fixture (tests/support/rtsp_server.py) runs Debian's GStreamer RTSP
-# server under Debian's own python3 (PyGObject), serving H.264 and H.265 files.
+# server under Debian's own python3 (PyGObject), serving H.264 and H.265 files. The
+# decoder tests run gst-launch-1.0 (gstreamer1.0-tools) with openh264dec (plugins-bad)
+# and ffmpeg as the agent's decoder children.
 RTSP_PKG := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base \
 	gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools
 RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); \
 	from gi.repository import GstRtspServer' >/dev/null 2>&1
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium cc systemd-analyze
+	chromium cc systemd-analyze gst-launch-1.0
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
 	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
 	$(RTSP_PKG)
