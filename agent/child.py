@@ -27,12 +27,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from agent.config import AgentConfig, load_config
 from agent.echo import echo_decision
 from agent.kernel.errors import EdgefleetError
+from agent.kernel.signals import SignalRelay
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +87,9 @@ class _Signals:
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.reload = threading.Event()
-        signal.signal(signal.SIGTERM, self._stop)
+        relay = SignalRelay().on(signal.SIGTERM, self.stop.set)
+        relay.on(signal.SIGHUP, self.reload.set, self.stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
-        signal.signal(signal.SIGHUP, self._hup)
-
-    def _stop(self, _signum: int, _frame: FrameType | None) -> None:
-        self.stop.set()
-
-    def _hup(self, _signum: int, _frame: FrameType | None) -> None:
-        self.reload.set()
-        self.stop.set()
 
 
 def run_hotpath(config: AgentConfig, socket_path: Path, *, echo: bool) -> int:
@@ -122,6 +115,7 @@ def run_hotpath(config: AgentConfig, socket_path: Path, *, echo: bool) -> int:
                 signals.reload.clear()
                 signals.stop.clear()
                 hot.reload()
+                log.info("SIGHUP: the pipelines are loaded again")
                 continue
             break
     finally:

@@ -6,6 +6,7 @@ The library raises; this module turns its errors into one line and exit code 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -14,7 +15,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from agent.config import AgentConfig, load_config
 from agent.discovery.cli import add_parser as add_cameras_parser
@@ -23,9 +23,12 @@ from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
+from agent.kernel.signals import SignalRelay
 from agent.setup.cli import add_parser as add_setup_parser
 from agent.watchdog import HotPathWatch
 from runtime.errors import EdgeRuntimeError
+
+log = logging.getLogger(__name__)
 
 EXIT_ERROR = 2
 DEFAULT_CONFIG = "/etc/edgefleet/agent.toml"
@@ -64,21 +67,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_single_process(cfg: AgentConfig, args: argparse.Namespace) -> int:
     from agent.app import Agent  # noqa: PLC0415 - check-config and decisions stay light
 
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger(__name__).info("signal %d: stopping", signum)
-        stop.set()
-
-    reload = threading.Event()
-
-    def _on_hup(_signum: int, _frame: FrameType | None) -> None:
-        reload.set()
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGHUP, _on_hup)  # after a side-load: take the installed bundles
+    stop, reload = threading.Event(), threading.Event()
+    relay = SignalRelay()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        relay.on(signum, functools.partial(log.info, "signal %d: stopping", signum), stop.set)
+    relay.on(signal.SIGHUP, reload.set, stop.set)  # after a side-load: take the installed bundles
     agent = Agent(cfg, on_decision=echo_decision if args.echo else None)
     notifier = Notifier()
     forget(os.environ)  # the runtime's workers must not notify as this service
@@ -99,6 +92,7 @@ def _run_single_process(cfg: AgentConfig, args: argparse.Namespace) -> int:
                     reload.clear()
                     stop.clear()
                     agent.reload()
+                    log.info("SIGHUP: the pipelines are loaded again")
                     continue
                 break
             if left is not None and left <= 0:

@@ -45,6 +45,7 @@ from agent.config import AgentConfig
 from agent.control.client import ControlClient
 from agent.control.protocol import ControlError
 from agent.kernel import sdnotify
+from agent.kernel.signals import SignalRelay
 from agent.watchdog import HotPathWatch
 from runtime.profiles import load_profile
 
@@ -297,15 +298,8 @@ def run_supervised(
     """``edge-agent run``: the two processes until SIGTERM/SIGINT (or ``duration_s``)."""
     sup = Supervisor(config_path, config, echo=echo)
 
-    def _stop(_signum: int, _frame: object) -> None:
-        sup.stop_event.set()
-
-    def _hup(_signum: int, _frame: object) -> None:
-        sup.reload_event.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGHUP, _hup)
+    relay = SignalRelay().on(signal.SIGTERM, sup.stop_event.set)
+    relay.on(signal.SIGINT, sup.stop_event.set).on(signal.SIGHUP, sup.reload_event.set)
     counters = None
     try:
         sup.run(duration_s)

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 API_START_TIMEOUT_S = 15.0
 CRL_CHECK_S = 600.0
+SLOW_STOP_S = 2.0
+"""A part that takes this long to stop is named in a WARNING (what a stop waited on)."""
 _POLL_S = 0.02
 
 
@@ -368,13 +370,19 @@ class FleetServer:
             FleetError: a part failed to stop (the others were still stopped).
         """
         first: Exception | None = None
+        began = time.monotonic()
         while self._stops:
             name, stop = self._stops.pop()
+            part_began = time.monotonic()
             try:
                 stop()
             except Exception as exc:
                 log.exception("stopping %s failed", name)
                 first = first or exc
+            took = time.monotonic() - part_began
+            if took >= SLOW_STOP_S:
+                log.warning("stopping %s took %.1f s", name, took)
+        log.info("stopped in %.1f s", time.monotonic() - began)
         self._ctx, self._api, self._brokers = None, None, None
         if first is not None:
             raise ServeError("stop", str(first)) from first

@@ -1,12 +1,15 @@
 """``fleet-server``: run the fleet server, or check its configuration.
 
 The library raises; this module turns its errors into one line on stderr and exit code 2.
-``serve`` runs until SIGTERM or SIGINT (exit 0), or until a part dies (exit 1).
+``serve`` runs until SIGTERM or SIGINT (exit 0), or until a part dies (exit 1); SIGUSR1
+writes every thread's stack to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import functools
 import json
 import logging
 import os
@@ -15,12 +18,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from sqlalchemy.engine import make_url
 
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
+from agent.kernel.signals import SignalRelay
 from fleet_server.broker.fleet import shard_addresses
 from fleet_server.cli.setup import add_parser as add_setup_parser
 from fleet_server.cluster.status import cluster_status, render
@@ -57,13 +60,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(Path(args.config))
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    relay = SignalRelay()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        relay.on(signum, functools.partial(log.info, "signal %d: stopping", signum), stop.set)
+    # kill -USR1 writes every thread's stack to stderr (the journal): where a stop hangs
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     notifier = Notifier()
     forget(os.environ)  # the managed Mosquitto must not notify as this service
     notifier.status("starting: database, CA, broker, services, API")
@@ -158,8 +159,7 @@ def cmd_brokers(args: argparse.Namespace) -> int:
     cfg = load_config(Path(args.config))
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _s, _f: stop.set())
-    signal.signal(signal.SIGINT, lambda _s, _f: stop.set())
+    SignalRelay().on(signal.SIGTERM, stop.set).on(signal.SIGINT, stop.set)
     brokers = open_brokers(cfg, args.shard or None)
     ports = ", ".join(f"{n} :{b.config.port}" for n, b in brokers.brokers.items())
     return run_brokers(brokers, stop, lambda: print(f"fleet-server: brokers {ports}", flush=True))

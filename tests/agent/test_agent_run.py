@@ -310,6 +310,45 @@ def test_agent_decides_logs_publishes_and_stops_on_sigterm_within_5s(
     assert jpeg_size(thumb.read_bytes()) == (320, 240)
 
 
+@pytest.mark.parametrize("mode", ["supervised", "single-process"])
+def test_sighup_loads_the_pipelines_again_and_sigterm_still_stops(
+    tmp_path: Path, brightness_bundle: Path, mode: str
+) -> None:
+    """``systemctl reload`` (ExecReload=kill -HUP): the pipelines load again and decide on;
+    the signals reach the main loop through agent.kernel.signals, never a lock held."""
+    cfg = _config(
+        tmp_path,
+        "[http]\nport = 0\n[decision_log]\nflush_interval_s = 0.05\n"
+        '[[cameras]]\nname = "c1"\nkind = "synthetic"\nfps = 50\nwidth = 64\nheight = 48\n'
+        f'[[pipelines]]\nname = "p"\nsource = "c1"\nbundle = "{brightness_bundle}"\n',
+    )
+    db = tmp_path / "state" / "decisions.db"
+    err = tmp_path / "agent.log"
+    extra = ["--single-process"] if mode == "single-process" else []
+    with err.open("wb") as out:
+        proc = subprocess.Popen(
+            [EDGE_AGENT, "run", *extra, "--config", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            start_new_session=True,
+        )
+    try:
+        assert _wait(lambda: db.exists() and _rows(db) >= 5, 60), err.read_text()
+        proc.send_signal(signal.SIGHUP)
+        assert _wait(lambda: "loaded again" in err.read_text(errors="replace"), 60), err.read_text(
+            errors="replace"
+        )
+        after = _rows(db)
+        assert _wait(lambda: _rows(db) >= after + 5, 30), "no decisions after the reload"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert code == 0, err.read_text(errors="replace")
+
+
 def test_sensor_pipeline_with_garbage_lines_keeps_deciding(
     tmp_path: Path, sensor_bundle: Path
 ) -> None:

@@ -6,9 +6,11 @@ STOPPING=1 on SIGTERM; only the main process notifies (not Mosquitto)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from tests.support.notify import NotifyListener
 
 WATCHDOG_S = 2.0
 START_S = 60.0
+UNIT = Path(__file__).parents[2] / "packaging/systemd/edgefleet-fleet-server.service"
+STOP_S = float(re.search(r"^TimeoutStopSec=(\d+)$", UNIT.read_text(), re.M)[1])  # type: ignore[index]
+"""As long as systemd lets the service stop before it kills it."""
 
 
 @pytest.fixture
@@ -74,12 +79,18 @@ def test_serve_is_ready_with_api_and_broker_petted_and_stopping(
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(30)
+            code = proc.wait(STOP_S)
         except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # every thread's stack, into the log
+            time.sleep(1.0)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-            raise AssertionError("fleet-server did not stop within 30 s") from None
+            tail = log.read_text(errors="replace")[-12_000:]
+            raise AssertionError(
+                f"fleet-server did not stop within {STOP_S:g} s:\n{tail}"
+            ) from None
     assert code == 0, log.read_text(errors="replace")
     listener.receive(0.5)
     assert any("STOPPING" in m.fields for m in listener.messages)
     assert {m.pid for m in listener.messages} == {proc.pid}, "only the main process notifies"
+    assert "stopped in" in log.read_text(errors="replace")
