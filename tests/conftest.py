@@ -258,3 +258,47 @@ def pytest_runtest_makereport(
     if isinstance(report.longrepr, str):
         report.longrepr = _utf8_safe(report.longrepr)
     return report
+
+
+# The files that take 20 s or more (``pytest --durations=0``, summed per file), slowest
+# first. make test runs whole files on its workers (``--dist loadfile``) in collection
+# order; starting with the longest ones lets the workers finish together instead of one
+# running a long end-to-end file alone at the end.
+SLOW_FILES_FIRST = (
+    "tests/fleet_server/test_quality_e2e.py",
+    "tests/agent/capture/test_capture_decoders.py",
+    "tests/agent/test_agent_run.py",
+    "tests/hil/bench/test_bench_drain.py",
+    "tests/agent/capture/test_capture_rtsp.py",
+    "tests/agent/test_process_split.py",
+    "tests/fleet_server/test_review_api.py",
+    "tests/fleet_server/test_fleetctl_users.py",
+    "tests/fleet_server/test_signed_delivery.py",
+    "tests/fleet_server/test_auth.py",
+    "tests/fleet_server/test_fleet_e2e.py",
+    "tests/fleet_server/test_fleetctl_repo.py",
+    "tests/fleet_server/test_fleetctl_fleet.py",
+    "tests/fleet_server/test_review_store.py",
+    "tests/hil/bench/test_bench_cluster.py",
+    "tests/agent/setup/test_setup.py",
+    "tests/packaging_build/test_deb_contents.py",
+    "tests/agent/installer/test_power_loss.py",
+    "tests/fleet_server/web/test_console_browser.py",
+    "tests/agent/test_bench_rtsp.py",
+    "tests/fleet_server/test_server_setup.py",
+    "tests/agent/test_watchdog.py",
+    "tests/fleet_server/test_db_store.py",
+    "tests/hil/bench/test_bench_review.py",
+    "tests/fleet_server/test_broker_acl.py",
+    "tests/fleet_server/test_fleet_serve.py",
+    "tests/hil/bench/test_bench_restart.py",
+    "tests/security/test_hostile_device.py",
+    "tests/agent/discovery/test_cameras_discovery.py",
+    "tests/agent/installer/test_shadow_install.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run :data:`SLOW_FILES_FIRST` first, in that order; the rest keep their order."""
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
