@@ -160,9 +160,19 @@ def cmd_brokers(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     stop = threading.Event()
     SignalRelay().on(signal.SIGTERM, stop.set).on(signal.SIGINT, stop.set)
+    notifier = Notifier()
+    forget(os.environ)  # the Mosquittos must not notify as this service
     brokers = open_brokers(cfg, args.shard or None)
     ports = ", ".join(f"{n} :{b.config.port}" for n, b in brokers.brokers.items())
-    return run_brokers(brokers, stop, lambda: print(f"fleet-server: brokers {ports}", flush=True))
+
+    def _ready() -> None:
+        print(f"fleet-server: brokers {ports}", flush=True)
+        notifier.ready(f"brokers {ports}")  # systemd (Type=notify): every Mosquitto runs
+
+    try:
+        return run_brokers(brokers, stop, _ready)
+    finally:
+        notifier.stopping("stopping the brokers")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,8 @@ be a PEP 440 version too, e.g. ``0.1.1`` or ``0.1.0+1``). The package holds:
 
 - /opt/edgefleet/<part>: the venv for bookworm's /usr/bin/python3 (venv.py);
 - /usr/bin/<command> links into it;
-- /lib/systemd/system/<unit> from packaging/systemd/;
+- /lib/systemd/system/<unit> (and the part's other units, not enabled) from
+  packaging/systemd/;
 - /usr/lib/sysusers.d/<package>.conf: the system user postinst makes;
 - /etc/edgefleet/<config>.example from packaging/etc/ (a conffile);
 - the maintainer scripts from packaging/deb/scripts/*.in, md5sums, the copyright.
@@ -117,6 +118,7 @@ def maintainer_script(name: str, part: Part) -> str:
         "PACKAGE": part.package,
         "PART": part.name,
         "UNIT": part.unit,
+        "OTHER_UNITS": " ".join(part.other_units),
         "CONFIG": part.config,
         "USER": part.user,
         "PREFIX": part.prefix,
@@ -221,6 +223,11 @@ def stage(part: Part, arch: str, version: str, tree: Path, cache: Path) -> None:
     systemd = tree / "lib" / "systemd" / "system"
     systemd.mkdir(parents=True)
     shutil.copyfile(unit, systemd / part.unit)
+    for other in part.other_units:
+        source = ROOT / "packaging" / "systemd" / other
+        if not source.is_file():
+            raise BuildError(f"{source.relative_to(ROOT)} is missing")
+        shutil.copyfile(source, systemd / other)
     sysusers_d = tree / "usr" / "lib" / "sysusers.d"
     sysusers_d.mkdir(parents=True)
     (sysusers_d / f"{part.package}.conf").write_text(sysusers(part))

@@ -56,6 +56,9 @@ class Part:
     suggests: tuple[str, ...] = ()
     also: tuple[str, ...] = ()
     """distributions (``name[extras]``) loaded by name rather than by an import statement"""
+    other_units: tuple[str, ...] = ()
+    """units shipped but not enabled (an operator enables them where they belong); stopped
+    on remove and upgrade, started again after an upgrade where enabled"""
 
     @property
     def prefix(self) -> str:
@@ -128,6 +131,8 @@ PARTS = {
         user="edgefleet-server",
         groups=(),
         unit="edgefleet-fleet-server.service",
+        # the Mosquitto shards on a broker host: `fleet-server brokers`
+        other_units=("edgefleet-fleet-brokers.service",),
         config="fleet.toml",
         depends=(SYSUSERS, "mosquitto"),
         # SQLAlchemy loads the PostgreSQL driver by the URL's name (postgresql+psycopg)

@@ -4,8 +4,9 @@ One container for the module (loopback only: no PyPI, no Debian archive), in ord
 install, not started while unconfigured, ``fleet-server setup`` (secrets as credential
 files), the service up under systemd with its credentials from ``LoadCredential=``, the
 hardening score measured by the booted systemd, the agent package installed beside it and
-enrolled with a one-time token from ``fleetctl``, its decisions at the fleet, a SIGSTOPped
-server restarted by the watchdog, an upgrade that keeps config, database and keys, and
+enrolled with a one-time token from ``fleetctl``, its decisions at the fleet, the brokers
+unit (shipped disabled) running the config's broker, a SIGSTOPped server restarted by the
+watchdog, an upgrade that keeps config, database and keys, and
 ``apt purge`` deleting the state.
 """
 
@@ -23,6 +24,7 @@ from tests.packaging.debs import NEXT_VERSION, Debs
 from tests.packaging.nspawn import Container, booted, rootfs_tarball, wait_for
 
 UNIT = "edgefleet-fleet-server.service"
+BROKERS_UNIT = "edgefleet-fleet-brokers.service"
 AGENT_UNIT = "edgefleet-agent.service"
 CONFIG = "/etc/edgefleet/fleet.toml"
 STATE = "/var/lib/edgefleet/server"
@@ -148,6 +150,35 @@ def test_a_device_enrolls_and_its_decisions_reach_the_fleet(box: Container, debs
         return isinstance(page, dict) and bool(page.get("rows"))
 
     wait_for(decided_at_fleet, 120, f"{DEVICE}'s decisions at the fleet ({box.journal(UNIT)})")
+
+
+_CONNECT = (
+    "import socket, sys\n"
+    "socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
+)
+
+
+def test_the_brokers_unit_is_shipped_disabled_and_runs_the_configs_broker(
+    box: Container,
+) -> None:
+    state = box.run(["systemctl", "is-enabled", BROKERS_UNIT], check=False).stdout.strip()
+    assert state == "disabled", state
+    assert not box.active(BROKERS_UNIT)
+    box.run(["systemctl", "stop", UNIT], timeout_s=START_S)  # its own Mosquitto has the port
+    assert box.run(["python3", "-c", _CONNECT, "8883"], check=False).returncode != 0
+    try:
+        # Type=notify: start returns once fleet-server brokers said READY=1
+        box.run(["systemctl", "start", BROKERS_UNIT], timeout_s=START_S)
+        assert box.active(BROKERS_UNIT), box.journal(BROKERS_UNIT)
+        assert box.run(["python3", "-c", _CONNECT, "8883"], check=False).returncode == 0
+        assert "fleet-server: brokers main :8883" in box.journal(BROKERS_UNIT)
+        box.run(["systemctl", "stop", BROKERS_UNIT], timeout_s=START_S)
+        assert not box.active(BROKERS_UNIT)
+        assert box.run(["python3", "-c", _CONNECT, "8883"], check=False).returncode != 0
+    finally:
+        box.run(["systemctl", "stop", BROKERS_UNIT], timeout_s=START_S, check=False)
+        box.run(["systemctl", "start", UNIT], timeout_s=START_S)
+    wait_for(lambda: _up(box), START_S, f"{UNIT} serving again ({box.journal(UNIT)})")
 
 
 def test_a_stopped_server_is_restarted_by_the_watchdog(box: Container) -> None:

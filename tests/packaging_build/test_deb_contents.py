@@ -253,3 +253,31 @@ def test_wheels_are_x86_64_and_link_only_what_depends_names(agent_deb: Built) ->
             ["dpkg", "-S", f"*/{soname}"], capture_output=True, text=True, timeout=60, check=False
         ).stdout
         assert re.search(rf"^{re.escape(package)}(:\w+)?: ", owner, re.M), f"{soname}: {owner}"
+
+
+def test_the_servers_brokers_unit_is_shipped_stopped_with_it_and_never_enabled() -> None:
+    """edgefleet-server also ships edgefleet-fleet-brokers.service: postinst never enables
+    it (an operator does, on a broker host) and restarts it after an upgrade only (where
+    deb-systemd-invoke finds it enabled); prerm stops it; postrm masks and purges it."""
+    build, parts = load_module("build"), load_module("parts")
+    server = parts.PARTS["server"]
+    brokers = "edgefleet-fleet-brokers.service"
+    assert server.other_units == (brokers,)
+    assert (ROOT / "packaging/systemd" / brokers).is_file()
+    scripts = {
+        name: build.maintainer_script(name, server) for name in ("postinst", "prerm", "postrm")
+    }
+    for name, text in scripts.items():
+        assert f'OTHER_UNITS="{brokers}"' in text, name
+        done = subprocess.run(
+            ["dash", "-n"], input=text, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode == 0, (name, done.stderr)
+    postinst = scripts["postinst"]
+    assert 'deb-systemd-helper enable "$_unit"' not in postinst
+    restart = postinst.index('deb-systemd-invoke restart "$_unit"')
+    assert postinst.rindex('if [ -n "$2" ]; then', 0, restart) > postinst.index("daemon-reload")
+    assert 'deb-systemd-invoke stop "$_unit"' in scripts["prerm"]
+    assert 'deb-systemd-helper purge "$_unit"' in scripts["postrm"]
+    agent = build.maintainer_script("prerm", parts.PARTS["agent"])
+    assert 'OTHER_UNITS=""' in agent
