@@ -1,7 +1,8 @@
 """RTSP cameras as they behave: transport, credentials from a secret, and why a stream failed.
 
 OpenCV's FFmpeg backend says only "can't open" or "no frame". To give each failure its
-reason, a failed open is followed by one bounded RTSP ``DESCRIBE`` over a plain socket whose
+reason, a failed open is followed by one bounded request over a plain socket (RTSP
+``DESCRIBE``; for an HTTP/MJPEG camera, ``GET`` read up to the end of the headers) whose
 status line tells 401 (unauthorized) from 404 (not found) from a refused connection.
 
 The transport is an FFmpeg option, and OpenCV reads FFmpeg options only from the
@@ -40,8 +41,9 @@ FAILURES = (
 """The reason words a camera failure is counted under (``CameraStats.failures``)."""
 
 OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
-_STATUS = re.compile(rb"^RTSP/1\.\d (\d{3})")
+_STATUS = re.compile(rb"^(?:RTSP|HTTP)/1\.\d (\d{3})")
 _PROBE_MAX_BYTES = 16384
+_DEFAULT_PORTS = {"rtsp": 554, "http": 80}
 
 
 class SourceFailure(CaptureError):
@@ -138,26 +140,34 @@ class FfmpegOptions:
 
 
 def probe(config: CameraConfig, timeout_s: float) -> tuple[str, str]:
-    """Ask the camera for its stream description (``DESCRIBE``) and tell why an open failed:
-    ``(failure, detail)``; one connection (two with digest authentication), all within
-    ``timeout_s``. ``rtsps://`` is not probed (``unknown``)."""
+    """Ask the camera for its stream (RTSP ``DESCRIBE``, HTTP ``GET`` of the headers) and
+    tell why an open failed: ``(failure, detail)``; one connection (two with
+    authentication), all within ``timeout_s``. ``rtsps://`` and ``https://`` are not
+    probed (``unknown``)."""
     parts = urlsplit(config.stream_uri)
-    if parts.scheme.lower() != "rtsp" or not parts.hostname:
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
         return "unknown", "not probed"
-    return _probe(config, parts.hostname, parts.port or 554, timeout_s)
+    return _probe(config, parts.hostname, parts.port or _DEFAULT_PORTS[scheme], timeout_s)
 
 
 def _probe(config: CameraConfig, host: str, port: int, timeout_s: float) -> tuple[str, str]:
     parts = urlsplit(config.stream_uri)
     deadline = time.monotonic() + timeout_s
     url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    http = parts.scheme.lower() == "http"
+    method, target = (
+        ("GET", urlunsplit(("", "", parts.path or "/", parts.query, "")))
+        if http
+        else ("DESCRIBE", url)
+    )
     user = config.username or (parts.username or "")
     try:
         secret = password(config)
-        status, headers = _describe(host, port, url, "", deadline)
+        status, headers = _request(host, port, method, target, "", deadline)
         if status == 401 and user:
-            auth = _authorization(headers, user, secret, url)
-            status, headers = _describe(host, port, url, auth, deadline)
+            auth = _authorization(headers, user, secret, method, target)
+            status, headers = _request(host, port, method, target, auth, deadline)
     except SourceFailure as e:
         return e.failure, e.reason
     except ConnectionRefusedError:
@@ -166,14 +176,35 @@ def _probe(config: CameraConfig, host: str, port: int, timeout_s: float) -> tupl
         return "timeout", f"no answer within {timeout_s:g} s"
     except OSError as e:
         return "unreachable", str(e)
+    return _verdict(status, headers, http=http)
+
+
+def _verdict(status: int, headers: str, *, http: bool) -> tuple[str, str]:
     failure = {401: "unauthorized", 403: "unauthorized", 404: "not_found"}.get(status, "unknown")
-    return failure, f"RTSP {status}" if status else "no RTSP answer"
+    protocol = "HTTP" if http else "RTSP"
+    if not status:
+        return failure, f"no {protocol} answer"
+    if http and status == 200:  # served, but not as a stream FFmpeg reads
+        return failure, f"HTTP 200 with {_header(headers, 'content-type') or 'no content type'}"
+    return failure, f"{protocol} {status}"
 
 
-def _describe(
-    host: str, port: int, url: str, authorization: str, deadline: float
+def _header(headers: str, name: str) -> str:
+    for line in headers.split("\r\n")[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name:
+            return value.strip()
+    return ""
+
+
+def _request(
+    host: str, port: int, method: str, target: str, authorization: str, deadline: float
 ) -> tuple[int, str]:
-    request = f"DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n"
+    if method == "GET":
+        host_header = f"[{host}]" if ":" in host else host
+        request = f"GET {target} HTTP/1.1\r\nHost: {host_header}:{port}\r\nConnection: close\r\n"
+    else:
+        request = f"{method} {target} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\n"
     if authorization:
         request += f"Authorization: {authorization}\r\n"
     request += "User-Agent: edgefleet\r\n\r\n"
@@ -197,7 +228,7 @@ def _describe(
     return (int(match.group(1)) if match else 0), head
 
 
-def _authorization(headers: str, user: str, secret: str, url: str) -> str:
+def _authorization(headers: str, user: str, secret: str, method: str, url: str) -> str:
     """The ``Authorization`` header answering the server's challenge (Basic or Digest)."""
     challenge = ""
     for line in headers.split("\r\n"):
@@ -214,7 +245,7 @@ def _authorization(headers: str, user: str, secret: str, url: str) -> str:
     def md5(text: str) -> str:
         return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
-    response = md5(f"{md5(f'{user}:{realm}:{secret}')}:{nonce}:{md5(f'DESCRIBE:{url}')}")
+    response = md5(f"{md5(f'{user}:{realm}:{secret}')}:{nonce}:{md5(f'{method}:{url}')}")
     return (
         f'Digest username="{user}", realm="{realm}", nonce="{nonce}", uri="{url}", '
         f'response="{response}"'

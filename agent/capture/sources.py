@@ -31,7 +31,7 @@ IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pnm"}
 )
 _LIVE_KINDS = frozenset({"v4l2", "rtsp", "http"})
-_PROBED_KINDS = frozenset({"rtsp"})  # failures with a reason word (HTTP: future)
+_PROBED_KINDS = frozenset({"rtsp", "http"})  # failures with a reason word
 
 
 @functools.cache

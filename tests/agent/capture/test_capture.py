@@ -369,7 +369,7 @@ def test_camera_that_never_opens_keeps_retrying_and_does_not_disturb_another(
     assert stats.frames_captured == 0
     assert stats.errors >= 4
     assert url in stats.last_error
-    assert log.of("dead") == [(False, f"can't open http source {url}")]  # reported once
+    assert log.of("dead") == [(False, f"can't open {url}: connection refused (refused)")]  # once
     assert log.of("good") == [(True, "capturing")]
     assert good_camera.stats().errors == 0
 
