@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from agent.capture.config import CameraConfig
-from agent.capture.rtsp import SourceFailure, password, stream_url
+from agent.capture.rtsp import SourceFailure, password, plain_zone, stream_url
 from agent.capture.sources import Image, Source, redact
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def gst_argv(config: CameraConfig, info: StreamInfo, decoder: str, convert: str)
         raise SourceFailure(
             config.name, "unknown", f"gstreamer decodes H.264 and H.265, not {info.codec!r}"
         )
-    parts = urlsplit(config.stream_uri)
+    parts = urlsplit(plain_zone(config.stream_uri))
     location = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     protocols = {"tcp": "tcp", "udp": "udp", "auto": "udp+tcp"}[config.transport]
     src = [

@@ -82,15 +82,29 @@ def password(config: CameraConfig) -> str:
     return secret
 
 
+def plain_zone(url: str) -> str:
+    """``url`` with an IPv6 zone written as FFmpeg and the socket calls read it.
+
+    A link-local camera address carries its interface as a zone, which RFC 6874 writes
+    ``[fe80::1%25eth0]`` in a URI (``edge-agent cameras`` and ``setup`` write it so).
+    FFmpeg does not read that form ("Port missing in uri"), but opens ``[fe80::1%eth0]``.
+    """
+    return _ZONE.sub(r"[\1%\2]", url, count=1)
+
+
+_ZONE = re.compile(r"\[([0-9A-Fa-f:.]+)%25([^\]]+)\]")
+
+
 def stream_url(config: CameraConfig) -> str:
-    """``config.stream_uri`` with the user and password put in, for the open only (never logged).
+    """``config.stream_uri`` with the user and password put in, for the open only (never
+    logged), and an IPv6 zone as FFmpeg reads it (:func:`plain_zone`).
 
     Raises:
         SourceFailure: the password's secret is missing.
     """
     if not config.username:
-        return config.stream_uri
-    parts = urlsplit(config.stream_uri)
+        return plain_zone(config.stream_uri)
+    parts = urlsplit(plain_zone(config.stream_uri))
     cred = quote(config.username, safe="")
     secret = password(config)
     if secret:
@@ -144,7 +158,7 @@ def probe(config: CameraConfig, timeout_s: float) -> tuple[str, str]:
     tell why an open failed: ``(failure, detail)``; one connection (two with
     authentication), all within ``timeout_s``. ``rtsps://`` and ``https://`` are not
     probed (``unknown``)."""
-    parts = urlsplit(config.stream_uri)
+    parts = urlsplit(plain_zone(config.stream_uri))
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS or not parts.hostname:
         return "unknown", "not probed"
@@ -152,7 +166,7 @@ def probe(config: CameraConfig, timeout_s: float) -> tuple[str, str]:
 
 
 def _probe(config: CameraConfig, host: str, port: int, timeout_s: float) -> tuple[str, str]:
-    parts = urlsplit(config.stream_uri)
+    parts = urlsplit(plain_zone(config.stream_uri))
     deadline = time.monotonic() + timeout_s
     url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     http = parts.scheme.lower() == "http"

@@ -99,12 +99,15 @@ class RtspServer:
     user: str = ""
     password: str = ""
     port: int = field(default_factory=free_port)
+    address: str = "127.0.0.1"
+    """where it listens: 127.0.0.1, or ::1 for an IPv6 camera"""
     proc: subprocess.Popen[str] | None = None
 
     def url(self, mount: str, *, user: str = "", password: str = "") -> str:
-        """``rtsp://[user:password@]127.0.0.1:PORT/MOUNT``."""
+        """``rtsp://[user:password@]ADDRESS:PORT/MOUNT`` (an IPv6 address in brackets)."""
         cred = f"{user}:{password}@" if user else ""
-        return f"rtsp://{cred}127.0.0.1:{self.port}{mount}"
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"rtsp://{cred}{host}:{self.port}{mount}"
 
     def start(self) -> None:
         """Start the server and wait until it listens.
@@ -113,6 +116,7 @@ class RtspServer:
             RuntimeError: it did not say ready within :data:`START_TIMEOUT_S`.
         """
         cmd = [SYSTEM_PYTHON, str(SERVER_SCRIPT), "--port", str(self.port)]
+        cmd += ["--address", self.address]
         for path, (file, codec) in self.mounts.items():
             cmd += ["--mount", f"{path}={file}:{codec}"]
         if self.user:
@@ -133,7 +137,7 @@ class RtspServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:  # it said ready; the port must answer too
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                socket.create_connection((self.address, self.port), timeout=1).close()
             except OSError:
                 time.sleep(0.05)
             else:

@@ -164,6 +164,21 @@ def test_rtsp_camera_without_a_server_is_refused(cameras: list[Camera]) -> None:
     assert camera.stats().failure == "refused"
 
 
+def test_rtsp_camera_at_an_ipv6_address_captures_and_its_failures_are_probed(
+    make_rtsp_server: Callable[..., RtspServer], cameras: list[Camera]
+) -> None:
+    """``rtsp://[::1]:PORT/...``: OpenCV's FFmpeg opens the bracketed address, and the
+    probe of a failed open reaches the camera over IPv6 (404 there, not ``unknown``)."""
+    server = make_rtsp_server(address="::1")
+    assert server.url("/h264").startswith("rtsp://[::1]:")
+    camera = start(cameras, uri=server.url("/h264"), fps=5)
+    wait_for(lambda: camera.stats().frames_captured >= 5, 20, "5 frames over IPv6")
+    missing = start(cameras, uri=server.url("/no-such-stream"))
+    wait_for(lambda: missing.stats().errors >= 1, 10, "the first failure")
+    assert missing.stats().failure == "not_found", missing.stats().last_error
+    assert "RTSP 404" in missing.stats().last_error
+
+
 def test_rtsp_stream_that_ends_is_reported_ended_and_reopened(
     rtsp_server: RtspServer, cameras: list[Camera]
 ) -> None:

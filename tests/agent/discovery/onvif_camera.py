@@ -203,6 +203,8 @@ class Camera:
 
     gw: str
     cam6: str
+    ns: str = ""
+    """the camera's network namespace (its link is ``eb``; the gateway's is ``ea``)"""
     ttls: list[int] = field(default_factory=list)
     hop_limits: list[int] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -291,7 +293,7 @@ def onvif_camera(families: str = "46") -> Iterator[Camera]:
             xaddrs[host] = f"http://{host}:{server.server_address[1]}/onvif/device_service"
         socks = in_netns(cam, lambda: _responders(families, xaddrs[CAM4], xaddrs[f"[{cam6}]"]))
         assert isinstance(socks, dict)
-        camera = Camera(gw, cam6)
+        camera = Camera(gw, cam6, ns=cam)
         t = threading.Thread(target=camera.answer, args=(socks,), daemon=True)
         t.start()
         stops.append(lambda: (camera.stop.set(), t.join(5), [s.close() for s in socks]))
