@@ -91,6 +91,10 @@ DECODE_S = 3.0
 LIVE_CAP_FPS = 1000.0
 """A live camera's ``fps`` in the bench: a cap above any stream's rate, so that every
 frame the stream delivers is published."""
+FIRST_FRAME_S = 60.0
+"""How long a step waits for every camera's first frame and the first decision."""
+FAILED_OPENS = 2
+"""A camera that failed this many opens without a frame fails the step at once."""
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -168,6 +172,15 @@ def _shadow_totals(agent: Agent) -> tuple[int, int]:
     return compared, skipped
 
 
+def _failed_cameras(agent: Agent, names: list[str]) -> bool:
+    """Whether a camera that never delivered has failed its open twice (a camera that
+    serves one client only, a stream gone between two steps): no use waiting longer."""
+    return any(
+        (st := agent.cameras[n].stats()).errors >= FAILED_OPENS and not st.frames_captured
+        for n in names
+    )
+
+
 def _run(
     cfg: Any, duration_s: float, label: str, progress: bool, shadow: Path | None = None
 ) -> dict[str, Any]:
@@ -194,15 +207,27 @@ def _run(
         raise AgentError("; ".join(f"{p.part}: {p.reason}" for p in agent.problems))
     bar = Progress(label, duration_s, progress)
     # Leave warm-up out: wait for the first decision, then measure from zero.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + FIRST_FRAME_S
     while agent.first_decision_at is None and time.monotonic() < deadline:
+        if _failed_cameras(agent, names):
+            break
         time.sleep(0.01)
     cold_start_s = (agent.first_decision_at or time.monotonic()) - t_start
     # ...and for every camera's first frame (N streams open one after the other).
     while time.monotonic() < deadline and not all(
         agent.cameras[n].stats().frames_captured for n in names
     ):
+        if _failed_cameras(agent, names):
+            break
         time.sleep(0.01)
+    silent = [n for n in names if not agent.cameras[n].stats().frames_captured]
+    if silent or agent.first_decision_at is None:
+        why = "; ".join(
+            f"camera {n}: {agent.cameras[n].stats().last_error or 'no frame yet'}"
+            for n in (silent or names)
+        )
+        agent.stop()
+        raise AgentError(f"{label}: nothing to measure within {FIRST_FRAME_S:g} s ({why})")
     time.sleep(0.5)
     stage_times = [r.measure_stages() for r in agent.runners]
     with lock:
