@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,14 +29,6 @@ pytestmark = pytest.mark.timeout(240)
 
 ROOT = Path(__file__).resolve().parents[3]
 GOP_FRAMES = 15  # the test videos: 15 fps, a key frame every second
-
-
-@pytest.fixture
-def cameras() -> Iterator[list[Camera]]:
-    started: list[Camera] = []
-    yield started
-    for camera in started:
-        camera.stop(timeout_s=10.0)
 
 
 def start(

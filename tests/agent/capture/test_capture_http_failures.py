@@ -71,14 +71,6 @@ def server() -> Iterator[str]:
     thread.join(5)
 
 
-@pytest.fixture
-def cameras() -> Iterator[list[Camera]]:
-    started: list[Camera] = []
-    yield started
-    for camera in started:
-        camera.stop(timeout_s=10.0)
-
-
 def _first_failure(cameras: list[Camera], uri: str, **fields: object) -> tuple[str, str]:
     config = CameraConfig.model_validate(
         {"name": "gate", "kind": "http", "uri": uri, "open_timeout_s": 5, **fields}

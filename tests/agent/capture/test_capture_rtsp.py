@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +26,6 @@ pytest_plugins = ["tests.support.rtsp"]
 pytestmark = pytest.mark.timeout(240)
 
 PASSWORD_SECRET = "EDGEFLEET_TEST_CAMERA_PASSWORD"  # noqa: S105 - the secret's name
-
-
-@pytest.fixture
-def cameras() -> Iterator[list[Camera]]:
-    started: list[Camera] = []
-    yield started
-    for camera in started:
-        camera.stop(timeout_s=10.0)
 
 
 def start(cameras: list[Camera], log: StateLog | None = None, **fields: object) -> Camera:

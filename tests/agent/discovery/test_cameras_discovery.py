@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
 import select
 import socket
@@ -151,15 +150,7 @@ def camera(netns: str) -> Iterator[Callable[..., Responder]]:
 def cameras(
     netns: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ip", "netns", "exec", netns, sys.executable, "-m", "agent.cli", "cameras", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    return onvif_camera.agent(netns, "cameras", *args, env=env)
 
 
 def test_cameras_json_lists_an_onvif_camera_with_its_profiles_and_rtsp_uris(
