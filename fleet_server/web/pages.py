@@ -247,7 +247,9 @@ def signed_in(
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """A URL-encoded form post's fields (the first value of each).
+    """A URL-encoded form post's fields (the first value of each), blank ones kept: a
+    field the user emptied is there as ``""``, so a form reads it as blank (for a gate:
+    off) rather than as missing (its default).
 
     Raises:
         PageError: 413 over :data:`MAX_FORM_BYTES`, 415 another body, 400 malformed.
@@ -259,7 +261,9 @@ async def read_form(request: Request) -> dict[str, str]:
     if len(body) > MAX_FORM_BYTES:
         raise PageError(413, f"the form is over {MAX_FORM_BYTES} bytes")
     try:
-        pairs = urllib.parse.parse_qsl(body.decode("utf-8"), max_num_fields=100)
+        pairs = urllib.parse.parse_qsl(
+            body.decode("utf-8"), keep_blank_values=True, max_num_fields=100
+        )
     except (UnicodeDecodeError, ValueError):
         raise PageError(400, "the form is not valid URL-encoded UTF-8") from None
     fields: dict[str, str] = {}

@@ -62,7 +62,11 @@ class RolloutForm:
 
     @classmethod
     def from_fields(cls, data: Mapping[str, str]) -> RolloutForm:
-        """The form from posted fields (unknown ones ignored; a missing checkbox is off)."""
+        """The form from posted fields (unknown ones ignored; a missing checkbox is off).
+
+        A field posted blank stays blank (a "blank: off" gate is off); only a field not
+        posted at all takes its default.
+        """
         names = {f.name for f in fields(cls)}
         given = {k: v.strip() for k, v in data.items() if k in names}
         given.setdefault("approval", "")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
+from fleet_server.db import open_database, store
 from tests.fleet_server.fleet_api_support import OPERATOR_TOKEN, http
 from tests.fleet_server.web.console_seed import FEATURED, HOT
 from tests.fleet_server.web.console_server import (
@@ -206,6 +207,40 @@ def test_an_operator_creates_a_rollout_watches_a_wave_advance_and_pauses_it(
     page.goto(fleet.url + "/ui/rollouts")
     expect(page.locator("table.rollouts")).to_contain_text(rollout_id)
     shot(page, "rollouts")
+
+
+def test_a_gate_the_operator_blanks_on_the_form_is_off_in_the_created_rollout(
+    fleet: RunningConsole, page: Page
+) -> None:
+    sign_in(page, fleet, "olga", "/ui/rollouts/new")
+    page.select_option("select[name=bundle]", "detector@1.5.0")
+    page.fill("input[name=selector]", "site=plant-a,line=3")
+    page.fill("input[name=waves]", "1,100%")
+    page.fill("input[name=soak]", "1h")
+    page.check("input[name=approval]")
+    expect(page.locator("input[name=max_p99_ratio]")).to_have_value("1.25")  # the defaults
+    expect(page.locator("input[name=max_outcome_tvd]")).to_have_value("0.1")
+    page.fill("input[name=max_p99_ratio]", "")  # "blank: off"
+    page.fill("input[name=max_outcome_tvd]", "")
+    page.get_by_test_id("preview").click()
+    expect(page.get_by_test_id("preview-wave")).to_have_count(2)
+    expect(page.locator("input[name=max_p99_ratio]")).to_have_value("")  # kept blank
+    expect(page.locator("input[name=max_outcome_tvd]")).to_have_value("")
+    page.get_by_test_id("create").click()
+    expect(page.get_by_test_id("done")).to_have_text("Rollout created.")
+    rollout_id = page.url.split("/ui/rollouts/")[1].split("?")[0]
+    engine = open_database(fleet.db_url)
+    try:
+        record = store.load_rollout(engine, rollout_id)
+    finally:
+        engine.dispose()
+    assert record is not None
+    gates = record.policy["gates"]
+    assert (gates["max_p99_ratio"], gates["max_outcome_tvd"]) == (None, None), gates
+    assert gates["max_install_failures"] == 0
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("[data-action=cancel]")  # its devices are free for the other tests
+    expect(page.get_by_test_id("phase")).to_contain_text("cancelled")
 
 
 def test_a_line_manager_is_refused_a_rollout_on_the_page_and_by_hand(

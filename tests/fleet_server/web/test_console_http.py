@@ -21,6 +21,7 @@ from tests.fleet_server.web.console_http_support import (
     SPEC,
     Client,
     Console,
+    Page,
     first_decision,
     rollout_form,
 )
@@ -208,6 +209,30 @@ def test_the_preview_lists_the_devices_the_rollout_then_assigns(console: Console
     bad = olga.post("/ui/rollouts", rollout_form(olga.csrf()) | {"waves": "50%,1"})
     assert bad.status == 400
     assert "rollout: waves:" in bad.text
+
+
+def test_a_gate_left_blank_on_the_form_is_off_in_the_stored_rollout(console: Console) -> None:
+    olga = console.client("olga")
+    off = ("max_p99_ratio", "max_outcome_tvd", "min_accuracy", "accuracy_drop", "shadow")
+    form = rollout_form(olga.csrf(), "ro-00000000b1a0") | dict.fromkeys(off, "")
+    shown = olga.post("/ui/rollouts/preview", form)
+    assert shown.status == 200, shown.text
+    for name in off:  # shown again as typed: blank, not the default
+        assert Page.field(shown, name) == "", name
+    made = olga.post("/ui/rollouts", form)
+    assert made.status == 303, made.text
+    record = store.load_rollout(console.engine, "ro-00000000b1a0")
+    assert record is not None
+    gates = record.policy["gates"]
+    assert [gates[k] for k in off[:4]] == [None, None, None, None], gates
+    assert console.rollouts.service.get("ro-00000000b1a0")["shadow_s"] == 0
+    typed = rollout_form(olga.csrf(), "ro-00000000b1a1") | {"selector": "site=plant-a,line=2",
+                                                           "max_p99_ratio": "1.5"}  # fmt: skip
+    assert olga.post("/ui/rollouts", typed).status == 303
+    record = store.load_rollout(console.engine, "ro-00000000b1a1")
+    assert record is not None
+    assert record.policy["gates"]["max_p99_ratio"] == 1.5
+    assert record.policy["gates"]["max_outcome_tvd"] == 0.1  # as the form sent it
 
 
 # -- fixed queries per page ------------------------------------------------------------
