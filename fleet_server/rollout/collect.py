@@ -14,10 +14,14 @@ the shadow slot; the installer's journal form (``status`` and ``target``) is rea
 failure at or after the switch is an automatic rollback.
 
 What runs in a device's shadow slot is read from its newest health's shadow summary
-(``Health.shadow``: bundle, version, release and the comparison totals). The registry
-keeps no column for ``ReportedState.shadow`` (ingest stores only active and previous),
-and the summary names the same candidate with the numbers the shadow gate needs; a
-committed shadow install event of the target counts too (before the first health).
+(``Health.shadow``: bundle, version, release), from its stored comparisons of the target,
+and from a committed shadow install event of the target (before the first health). The
+numbers the shadow gate judges never come from the summary: they are the device's stored,
+decision-backed comparisons since its shadow directive, bounded by what it could have
+decided (:func:`stored_shadow_report`, :mod:`fleet_server.quality.shadowrecords`). A
+summary whose totals contradict those records is quarantined with the reason and raises
+an alarm naming the device: a ``claim_refused`` note on the rollout and an event of the
+same kind on the device (:func:`refuse_claim`), once per rollout and device.
 
 The review labels for the accuracy gates (:func:`label_counts`) are read per tick only
 when the rollout's policy sets an accuracy gate.
@@ -25,6 +29,8 @@ when the rollout's policy sets an accuracy gate.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -32,15 +38,21 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from agent.wire import topics
 from agent.wire.messages import EVENT_INSTALL
 from fleet_server.db import store
 from fleet_server.db.store import Device, EventRecord
+from fleet_server.quality.shadowrecords import StoredShadow, contradiction, stored_shadow
 from fleet_server.review.labels import labelled_accuracy
 from fleet_server.rollout.events import DeviceReport, InstallOutcome, ShadowReport
 from fleet_server.rollout.gates import LabelCounts
-from fleet_server.rollout.reports import apply_report
-from fleet_server.rollout.state import Rollout
+from fleet_server.rollout.reports import apply_report, shadow_is_target
+from fleet_server.rollout.state import SHADOW, DeviceState, Rollout
 
+log = logging.getLogger(__name__)
+
+ROLLOUT_NOTE = "rollout"
+"""Kind of the events a rollout's notes are kept as (its id as their device id)."""
 EVENT_LOOKBACK_S = 3600.0
 """Install events dated this long before a rollout's creation are still read (clocks)."""
 MAX_EVENTS = 10_000
@@ -196,7 +208,77 @@ def collect(engine: Engine, rollout: Rollout, now: float) -> list[DeviceReport]:
     )
     installs = newest_installs(e for e in events if e.device_id in wanted)
     reports = [device_report(rows[d], installs.get(d), now) for d in rollout.order if d in rows]
+    reports = [stored_shadow_report(engine, rollout, r, now) for r in reports]
     return changes(rollout, reports)
+
+
+CLAIM_REFUSED = "claim_refused"
+"""Kind of the rollout note and the device event of a refused shadow claim."""
+
+
+def stored_shadow_report(
+    engine: Engine, rollout: Rollout, report: DeviceReport, now: float
+) -> DeviceReport:
+    """``report`` with its shadow figures taken from the device's stored records of the
+    target (while the device is in the rollout's shadow phase); a health summary that
+    contradicts them is refused (:func:`refuse_claim`)."""
+    held = rollout.devices.get(report.device_id)
+    if held is None or held.status not in SHADOW:
+        return report
+    target, version = rollout.target, rollout.spec.version
+    since = held.assigned_at if held.assigned_at is not None else rollout.created_at
+    stored = stored_shadow(engine, report.device_id, target.name, version, since, now)
+    claim = report.shadow if shadow_is_target(report.shadow, target, version) else None
+    if claim is not None:
+        why = contradiction(claim.n, claim.agree, stored)
+        if why is not None:
+            refuse_claim(engine, rollout, held, claim, stored, why, now)
+    elif stored.over_bound:
+        why = contradiction(0, 0, stored)
+        refuse_claim(engine, rollout, held, None, stored, why or "", now)
+    if stored.stored == 0 and claim is None:
+        return replace(report, shadow=None)
+    figures = ShadowReport(target.name, target.release, version, stored.n, stored.agree,
+                           stored.p99_ms)  # fmt: skip
+    return replace(report, shadow=figures)
+
+
+def refuse_claim(
+    engine: Engine,
+    rollout: Rollout,
+    device: DeviceState,
+    claim: ShadowReport | None,
+    stored: StoredShadow,
+    why: str,
+    now: float,
+) -> None:
+    """Quarantine a device's shadow claim that contradicts its stored records and raise
+    the alarm naming it: a note on the rollout and an event on the device (once per
+    rollout and device: the events' ids are fixed, the quarantine follows a new one)."""
+    wave = 0 if device.wave is None else device.wave + 1
+    message = f"device {device.device_id}: shadow claim refused: {why}"
+    facts = {
+        "rollout_id": rollout.rollout_id,
+        "device_id": device.device_id,
+        "reason": why,
+        "claim": None if claim is None else {"n": claim.n, "agree": claim.agree},
+        "stored": {"comparisons": stored.stored, "counted": stored.n, "agree": stored.agree,
+                   "bound": stored.bound},
+    }  # fmt: skip
+    note = {"rollout_id": rollout.rollout_id, "kind": CLAIM_REFUSED,
+            "phase": rollout.phase.value, "wave": wave, "message": message}  # fmt: skip
+    event_id = f"{rollout.rollout_id}:{CLAIM_REFUSED}:{device.device_id}"
+    new = store.insert_events(
+        engine,
+        [
+            EventRecord(rollout.rollout_id, event_id, now, ROLLOUT_NOTE, note, now),
+            EventRecord(device.device_id, event_id, now, CLAIM_REFUSED, facts, now),
+        ],
+    )
+    if new:
+        log.warning("rollout %s: %s", rollout.rollout_id, message)
+        payload = json.dumps(facts, sort_keys=True).encode()
+        store.quarantine(engine, topics.telemetry(device.device_id), message, payload, now=now)
 
 
 def rollout_lines(rollout: Rollout) -> set[str]:

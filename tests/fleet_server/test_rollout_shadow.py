@@ -261,10 +261,18 @@ def test_the_shadow_gate_uses_the_wilson_bounds_not_the_bare_ratio() -> None:
     assert edge.metrics["shadow_lower"] < 0.97 < edge.metrics["shadow_upper"]  # type: ignore[operator]
     late = evaluate_shadow(spec, [ShadowSample("a", 500, 488, 10.0)], 50.0, over=True)
     assert type(late).__name__ == "GateFail"
-    pooled = [ShadowSample("a", 300, 299, 12.0), ShadowSample("b", 300, 298, 40.0)]
-    verdict = evaluate_shadow(spec, pooled, 50.0, over=False)
-    assert verdict.metrics["shadow_n"] == 600
-    assert verdict.metrics["shadow_p99_ms"] == 40.0  # the worst device
+    # a wave of two: a pass rests on the less agreeing device's own records (capped)
+    pair = [ShadowSample("a", 900, 899, 12.0), ShadowSample("b", 500, 496, 40.0)]
+    verdict = evaluate_shadow(spec, pair, 50.0, over=False)
+    assert (verdict.metrics["shadow_n"], verdict.metrics["shadow_agree"]) == (500, 496)
+    assert verdict.metrics["shadow_p99_ms"] == 40.0  # the slower device
+    assert type(verdict).__name__ == "GatePass"
+    # three or more: the most and the least agreeing device are left out, the rest pooled
+    wave = [*pair, ShadowSample("c", 300, 290, 45.0), ShadowSample("d", 400, 400, 60.0)]
+    verdict = evaluate_shadow(spec, wave, 50.0, over=False)
+    assert verdict.metrics["shadow_left_out"] == "c,d"
+    assert (verdict.metrics["shadow_n"], verdict.metrics["shadow_agree"]) == (1000, 995)
+    assert verdict.metrics["shadow_p99_ms"] == 45.0  # the slowest device left out
     assert type(verdict).__name__ == "GatePass"
     no_budget = evaluate_shadow(spec, [ShadowSample("a", 500, 495, None)], None, over=False)
     assert type(no_budget).__name__ == "GatePass"

@@ -1,7 +1,8 @@
 """The rollout service's shadow phase over the real fleet database (SQLite), a real signed
-repository and the ingest sink: the stored health's shadow summaries (and a committed
-shadow install event) move the wave from shadow directives (``custom.mode: shadow``) to
-switch directives (no mode), or stop it with a revert and no switch."""
+repository and the ingest sink: the devices' stored comparisons (each backed by a stored
+decision; a health summary or a committed shadow install event shows the shadow running)
+move the wave from shadow directives (``custom.mode: shadow``) to switch directives (no
+mode), or stop it with a revert and no switch. The summary's own totals decide nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from tuf.api.metadata import Metadata, Targets
 from agent.wire import topics
 from agent.wire.messages import Health, install_state_event
 from agent.wire.quality import ShadowSummary
+from fleet_server.db import store
 from fleet_server.repository import KeyStore, Repository, manifest_target
+from tests.fleet_server.quality.shadow_data import compared
 from tests.fleet_server.test_rollout_service import VERSIONS, Setup, db, fleet  # noqa: F401
 
 SPEC = {
@@ -42,6 +45,11 @@ def _published(s: Setup, since: int) -> list[tuple[str, int, str]]:
         release, custom = _directive(payload)
         out.append((topics.device_of(topic), release, custom.get("mode", "active")))
     return out
+
+
+def _compared(s: Setup, device_id: str, n: int, agree: int) -> None:
+    """``n`` more stored comparisons of the device (at 10 decisions a second)."""
+    compared(s.db, device_id, n, agree, s.clock.advance(n / 10))
 
 
 def _shadow_health(s: Setup, device_id: str, n: int, agree: int, p99: float = 10.0) -> None:
@@ -81,9 +89,24 @@ def test_stored_shadow_summaries_move_each_wave_from_shadow_to_switch_directives
     assert view["phase"] == "shadow"
     assert s.status(rid)[canary] == "shadowing"
 
-    _shadow_health(s, canary, 60, 60)
+    _shadow_health(s, canary, 100_000, 100_000)  # a claim alone counts for nothing
+    _compared(s, canary, 60, 60)
     assert s.tick() == []  # 60 of 100 frames
     assert s.service.get(rid)["gate"]["shadow_n"] == 60
+    # the claim contradicts what the device could have decided: quarantined, alarm raised
+    (alarm,) = store.list_events(s.db, canary, kind="claim_refused")
+    assert alarm.payload["claim"] == {"n": 100_000, "agree": 100_000}
+    assert "claims 100000 sampled frames" in alarm.payload["reason"]
+    notes = [e.payload for e in store.list_events(s.db, rid, kind="rollout")]
+    assert [n["message"] for n in notes if n["kind"] == "claim_refused"] == [
+        f"device {canary}: shadow claim refused: {alarm.payload['reason']}"
+    ]
+    (held,) = store.list_quarantine(s.db)
+    assert held.topic == topics.telemetry(canary)
+    assert canary in held.reason
+    s.tick()
+    assert len(store.list_quarantine(s.db)) == 1  # once per rollout and device
+    _compared(s, canary, 90, 89)
     _shadow_health(s, canary, 150, 149)
     before = len(s.sent)
     assert s.tick() == [canary]
@@ -98,8 +121,11 @@ def test_stored_shadow_summaries_move_each_wave_from_shadow_to_switch_directives
     rest = s.tick()
     assert sorted(rest) == sorted(set(devices) - {canary})
     assert {m for _, _, m in _published(s, before)} == {"shadow"}
-    for d in rest:  # the health summary alone shows these running it
-        _shadow_health(s, d, 80, 79)
+    for d in rest:  # their stored comparisons alone show these running it
+        _compared(s, d, 80, 79)
+    assert s.tick() == []  # a wave of two: each device's own records must pass
+    for d in rest:
+        _compared(s, d, 40, 40)
     before = len(s.sent)
     assert sorted(s.tick()) == sorted(rest)
     assert sorted(_published(s, before)) == sorted((d, 2, "active") for d in rest)
@@ -108,7 +134,7 @@ def test_stored_shadow_summaries_move_each_wave_from_shadow_to_switch_directives
     s.tick()
     view = s.service.get(rid)
     assert view["phase"] == "completed", view["reason"]
-    assert view["wave_metrics"][1]["shadow_n"] == 160
+    assert view["wave_metrics"][1]["shadow_n"] == 100  # the less agreeing one, capped
 
 
 def test_a_disagreeing_candidate_is_stopped_with_its_shadows_cleared_and_nothing_switched(
@@ -122,7 +148,8 @@ def test_a_disagreeing_candidate_is_stopped_with_its_shadows_cleared_and_nothing
     first = s.tick()
     assert sorted(first) == ["gw-1", "gw-2"]
     for d in first:
-        _shadow_health(s, d, 100, 70)
+        _shadow_install(s, d)
+        _compared(s, d, 100, 70)
     before = len(s.sent)
     reverted = s.tick()
     assert sorted(reverted) == ["gw-1", "gw-2"]
@@ -131,7 +158,7 @@ def test_a_disagreeing_candidate_is_stopped_with_its_shadows_cleared_and_nothing
     view = s.service.get(rid)
     assert view["phase"] in ("rolling_back", "rolled_back")
     assert "agreement 0.7000" in view["reason"]
-    assert "n=200" in view["reason"]
+    assert "n=100" in view["reason"]  # the more agreeing device's own records fail too
     assert "upper bound" in view["reason"]
     assert all(release == 1 or mode == "shadow" for _, release, mode in _published(s, 0))
     s.tick()
