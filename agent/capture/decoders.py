@@ -8,7 +8,8 @@ first:
 - ``vaapi``: an ``ffmpeg -hwaccel vaapi`` child on the profile's render node
   (:mod:`agent.capture.pipe`);
 - ``gstreamer``: a ``gst-launch-1.0`` child with the profile's decoder element
-  (``nvv4l2decoder`` on Jetson);
+  (``nvv4l2decoder`` on Jetson); for a camera with a password, fed by an ``ffmpeg`` child
+  that reads the camera (no secret on a command line: :mod:`agent.capture.pipe`);
 - ``software``: OpenCV's FFmpeg in process (with ``keyframes_only``: an ``ffmpeg
   -skip_frame nokey`` child).
 
@@ -114,13 +115,20 @@ def missing(decoder: str, config: CameraConfig, video: VideoConfig) -> str | Non
             return "no ffmpeg program (Debian package ffmpeg)"
         if not os.path.exists(video.vaapi_device):
             return f"no {video.vaapi_device} (no GPU render node here, or not allowed to it)"
-    if decoder == "gstreamer":
-        if config.kind != "rtsp":
-            return "gstreamer decodes RTSP cameras only"
-        if shutil.which("gst-launch-1.0") is None:
-            return "no gst-launch-1.0 program (Debian package gstreamer1.0-tools)"
+    if decoder == "gstreamer" and (why := _gst_missing(config)):
+        return why
     if decoder in ("v4l2m2m", "gstreamer") and config.keyframes_only:
         return "keyframes_only decodes with ffmpeg (vaapi or software)"
+    return None
+
+
+def _gst_missing(config: CameraConfig) -> str | None:
+    if config.kind != "rtsp":
+        return "gstreamer decodes RTSP cameras only"
+    if shutil.which("gst-launch-1.0") is None:
+        return "no gst-launch-1.0 program (Debian package gstreamer1.0-tools)"
+    if config.password_env and shutil.which("ffmpeg") is None:
+        return "no ffmpeg program, which reads a camera with a password for gstreamer"
     return None
 
 
@@ -225,12 +233,13 @@ class DecodedSource(Source):
             source = VideoCaptureSource(c, extra_options=f"video_codec;{codec}")
             return source, "v4l2m2m", f"OpenCV FFmpeg {codec}, in process"
         if decoder == "gstreamer":
-            argv = gst_argv(c, info, video.gst_decoder, video.gst_convert)
-            return PipeSource(c, argv, info), f"gstreamer ({video.gst_decoder})", printable(argv)
+            stages = gst_argv(c, info, video.gst_decoder, video.gst_convert)
+            label = f"gstreamer ({video.gst_decoder})"
+            return PipeSource(c, stages, info), label, printable(stages)
         device = video.vaapi_device if decoder == "vaapi" else None
-        argv = ffmpeg_argv(c, info, vaapi_device=device, keyframes_only=c.keyframes_only)
+        stages = ffmpeg_argv(c, info, vaapi_device=device, keyframes_only=c.keyframes_only)
         label = "software" if decoder == KEYFRAMES else decoder
-        return PipeSource(c, argv, info), label + keyframes, printable(argv)
+        return PipeSource(c, stages, info), label + keyframes, printable(stages)
 
     def read(self) -> Image | None:
         if self._inner is None:

@@ -158,9 +158,9 @@ def test_the_documented_jetson_pipeline_is_the_one_the_agent_runs() -> None:
     config = CameraConfig(
         name="press-3", kind="rtsp", uri="rtsp://10.0.0.21/Streaming/Channels/102"
     )
-    argv = gst_argv(config, StreamInfo(640, 360, "h264"), video.gst_decoder, video.gst_convert)
+    stages = gst_argv(config, StreamInfo(640, 360, "h264"), video.gst_decoder, video.gst_convert)
     documented = re.sub(r"\s*\\\n\s*", " ", (ROOT / "docs/cameras.md").read_text())
-    assert printable(argv) in documented
+    assert printable(stages) in documented
 
 
 @pytest.mark.parametrize("fields", [{"decoder": "vaapi"}, {"keyframes_only": True}])
