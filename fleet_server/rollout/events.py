@@ -15,6 +15,12 @@ from fleet_server.rollout.gates import LabelCounts
 
 MODE_ACTIVE = "active"
 MODE_SHADOW = "shadow"
+RESOLVE_RETRY = "retry"
+RESOLVE_ASSIGN = "assign"
+RESOLVE_ACCEPT = "accept"
+RESOLUTIONS = (RESOLVE_RETRY, RESOLVE_ASSIGN, RESOLVE_ACCEPT)
+"""How an operator resolves a stuck (or reverting) device: send its revert again, send
+it to a named release of the rollout's bundle, or accept what it runs."""
 
 
 class InstallOutcome(str, Enum):
@@ -52,6 +58,8 @@ class DeviceReport:
     its comparison totals (None: nothing, or not reported). ``auto_rollback``:
     that install was rolled back by the device after the switch. ``worker_crashes``,
     ``p99_ms`` and ``outcome_counts`` (decisions by outcome) are for the active bundle.
+    ``install_at``: when that install began (the device's clock, bounded by ingest);
+    ``install_reason``: the step and reason it gave when it failed.
     """
 
     device_id: str
@@ -68,6 +76,18 @@ class DeviceReport:
     p99_ms: float | None = None
     outcome_counts: Mapping[str, int] = field(default_factory=dict)
     shadow: ShadowReport | None = None
+    install_at: float | None = None
+    install_reason: str = ""
+
+
+@dataclass(frozen=True)
+class RevertRefused:
+    """The shell could not deliver a device's revert (e.g. the release it returns to is
+    not published); ``reason`` says why. The device is ``stuck`` with it."""
+
+    now: float
+    device_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -100,6 +120,7 @@ class Pause:
 
     now: float
     reason: str = ""
+    by: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,7 @@ class Resume:
     """An operator continues a paused rollout (accepting devices that failed a gate)."""
 
     now: float
+    by: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,7 @@ class Cancel:
 
     now: float
     reason: str = ""
+    by: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,10 +146,36 @@ class Rollback:
 
     now: float
     reason: str = ""
+    by: str = ""
 
 
-Event = DeviceReport | LabelReport | Tick | Approve | Pause | Resume | Cancel | Rollback
-Operator = Approve | Pause | Resume | Cancel | Rollback
+@dataclass(frozen=True)
+class Resolve:
+    """An operator resolves one device of a rollout that is rolling back (it is ``stuck``
+    or still ``reverting``): ``how`` is one of :data:`RESOLUTIONS`; ``release`` (for
+    ``assign``) is the release of the rollout's bundle to send it to."""
+
+    now: float
+    device_id: str
+    how: str
+    release: int | None = None
+    by: str = ""
+    reason: str = ""
+
+
+Event = (
+    DeviceReport
+    | LabelReport
+    | RevertRefused
+    | Tick
+    | Approve
+    | Pause
+    | Resume
+    | Cancel
+    | Rollback
+    | Resolve
+)
+Operator = Approve | Pause | Resume | Cancel | Rollback | Resolve
 
 
 @dataclass(frozen=True)
@@ -153,20 +202,26 @@ class RevertDirective:
     device_id: str
     bundle: str | None
     release: int | None
+    shadow_only: bool = False
+    """The device never switched (it was in the shadow phase): only its shadow slot is
+    emptied; it already runs what it returns to."""
 
 
 @dataclass(frozen=True)
 class Notify:
     """Something an operator should see: a phase change, a gate failure, a refusal.
 
-    ``kind``: ``"phase"``, ``"gate_failed"`` or ``"rejected"`` (an operator event that
-    does not apply in this phase; nothing changed). ``wave``: the current wave, from 1.
+    ``kind``: ``"phase"``, ``"gate_failed"``, ``"rejected"`` (an operator event that
+    does not apply in this phase; nothing changed), ``"device_stuck"`` (a revert that
+    cannot finish, with why) or ``"resolved"`` (an operator resolved a device).
+    ``wave``: the current wave, from 1. ``by``: the operator who acted, where one did.
     """
 
     kind: str
     phase: str
     wave: int
     message: str
+    by: str = ""
 
 
 Command = AssignDirective | RevertDirective | Notify

@@ -15,6 +15,10 @@ from fleet_server.rollout import gates
 from fleet_server.rollout.events import (
     MODE_ACTIVE,
     MODE_SHADOW,
+    RESOLUTIONS,
+    RESOLVE_ACCEPT,
+    RESOLVE_ASSIGN,
+    RESOLVE_RETRY,
     Approve,
     AssignDirective,
     Cancel,
@@ -25,21 +29,25 @@ from fleet_server.rollout.events import (
     Notify,
     Operator,
     Pause,
+    Resolve,
     Resume,
     RevertDirective,
+    RevertRefused,
     Rollback,
     Tick,
 )
-from fleet_server.rollout.reports import apply_report
+from fleet_server.rollout.reports import apply_report, revert_target
 from fleet_server.rollout.shadowgate import ShadowSample, evaluate_shadow
 from fleet_server.rollout.spec import ALL
 from fleet_server.rollout.state import (
     ACTIVE,
     HISTORY,
+    REVERT_OPEN,
     SHADOW,
     TERMINAL,
     UNASSIGNED,
     UNSETTLED,
+    BundleRef,
     DeviceState,
     Phase,
     Rollout,
@@ -59,6 +67,8 @@ def step(rollout: Rollout, event: Event) -> tuple[Rollout, list[Command]]:
         run.report(event)
     elif isinstance(event, LabelReport):
         run.r = replace(run.r, labels=event.counts)
+    elif isinstance(event, RevertRefused):
+        run.revert_refused(event)
     elif not isinstance(event, Tick):
         run.operator(event)
     run.advance()
@@ -104,13 +114,15 @@ def outstanding(rollout: Rollout) -> list[Command]:
         elif d.status is S.SHADOW_ASSIGNED:
             out.append(AssignDirective(device_id, target.name, target.release, MODE_SHADOW))
         elif d.status is S.REVERTING:
-            prev = d.previous
-            out.append(
-                RevertDirective(
-                    device_id, prev.name if prev else None, prev.release if prev else None
-                )
-            )
+            out.append(_revert_directive(d))
     return out
+
+
+def _revert_directive(d: DeviceState) -> RevertDirective:
+    back = d.previous if d.shadow_only else revert_target(d)
+    return RevertDirective(
+        d.device_id, back.name if back else None, back.release if back else None, d.shadow_only
+    )
 
 
 def refusal(rollout: Rollout, event: Operator) -> str | None:
@@ -122,8 +134,32 @@ def refusal(rollout: Rollout, event: Operator) -> str | None:
         Resume: phase is Phase.PAUSED,
         Cancel: phase not in TERMINAL and phase is not Phase.ROLLING_BACK,
         Rollback: phase not in (Phase.ROLLING_BACK, Phase.ROLLED_BACK),
+        Resolve: phase is Phase.ROLLING_BACK,
     }[type(event)]
-    return None if ok else f"cannot {type(event).__name__.lower()} a rollout that is {phase.value}"
+    if not ok:
+        return f"cannot {type(event).__name__.lower()} a rollout that is {phase.value}"
+    return _resolve_refusal(rollout, event) if isinstance(event, Resolve) else None
+
+
+def _resolve_refusal(rollout: Rollout, event: Resolve) -> str | None:
+    d = rollout.devices.get(event.device_id)
+    if d is None:
+        return f"device {event.device_id!r} is not in rollout {rollout.rollout_id}"
+    if d.status not in REVERT_OPEN:
+        return (
+            f"device {event.device_id} is {d.status.value}: only a stuck or reverting "
+            "device is resolved"
+        )
+    if event.how not in RESOLUTIONS:
+        return f"{event.how!r} is not one of {', '.join(RESOLUTIONS)}"
+    if event.how == RESOLVE_ASSIGN and (event.release is None or event.release < 0):
+        return "assign needs the release to send the device to (a number, 0 or more)"
+    if event.how == RESOLVE_RETRY and revert_target(d) is None and not d.shadow_only:
+        return (
+            f"device {event.device_id} has no bundle to return to: assign a release, or "
+            "accept it as it is"
+        )
+    return None
 
 
 class _Run:
@@ -165,8 +201,62 @@ class _Run:
             self.resume()
         elif isinstance(ev, Cancel):
             self.enter(Phase.CANCELLED, f"cancelled{': ' + ev.reason if ev.reason else ''}")
+        elif isinstance(ev, Resolve):
+            self.resolve(ev)
         else:
-            self.rollback(f"rollback by operator{': ' + ev.reason if ev.reason else ''}")
+            by = f" ({ev.by})" if ev.by else ""
+            self.rollback(f"rollback by operator{by}{': ' + ev.reason if ev.reason else ''}")
+
+    def resolve(self, ev: Resolve) -> None:
+        d = self.devices[ev.device_id]
+        by = ev.by or "an operator"
+        note = f": {ev.reason}" if ev.reason else ""
+        if ev.how == RESOLVE_ACCEPT:
+            runs = f"{d.active.name} release {d.active.release}" if d.active else "no bundle"
+            why = f"accepted as it is ({runs}) by {by}{note}"
+            self.devices[ev.device_id] = replace(
+                d, status=S.ACCEPTED, settled_at=self.now, deadline=None, why=why
+            )
+            self.notify("resolved", f"{ev.device_id}: {why}", by=ev.by)
+            return
+        if ev.how == RESOLVE_ASSIGN:
+            assert ev.release is not None  # noqa: S101 - refusal() checked it
+            d = replace(d, revert_to=BundleRef(self.r.target.name, ev.release), shadow_only=False)
+        self.devices[ev.device_id] = d = self.revert(d)
+        back = d.previous if d.shadow_only else revert_target(d)
+        to = f"{back.name} release {back.release}" if back else "its own bundle"
+        self.notify("resolved", f"{ev.device_id}: {ev.how} by {by}: revert to {to}{note}", by=ev.by)
+
+    def revert_refused(self, ev: RevertRefused) -> None:
+        d = self.devices.get(ev.device_id)
+        if d is None or d.status is not S.REVERTING:
+            return
+        self.stuck(d, f"the revert could not be sent: {ev.reason}")
+
+    def stuck(self, d: DeviceState, why: str) -> None:
+        self.devices[d.device_id] = replace(d, status=S.STUCK, deadline=None, why=why)
+        self.notify("device_stuck", f"{d.device_id}: {why}")
+
+    def revert(self, d: DeviceState) -> DeviceState:
+        """``d`` reverting now (its directive sent), or stuck when there is nothing to
+        return it to."""
+        shadow_only = d.shadow_only or d.status in SHADOW
+        d = replace(d, shadow_only=shadow_only, settled_at=None, why="")
+        if not shadow_only and revert_target(d) is None:
+            why = (
+                "no bundle to return to: it reported none before the rollout "
+                "(assign a release, or accept it as it is)"
+            )
+            self.notify("device_stuck", f"{d.device_id}: {why}")
+            return replace(d, status=S.STUCK, deadline=None, why=why)
+        d = replace(
+            d,
+            status=S.REVERTING,
+            reverted_at=self.now,
+            deadline=self.now + self.r.spec.policy.timeouts.rolling_back_s,
+        )
+        self.cmds.append(_revert_directive(d))
+        return d
 
     def resume(self) -> None:
         for device_id in self.r.failed_devices:
@@ -201,8 +291,8 @@ class _Run:
         )
         self.notify("phase", reason)
 
-    def notify(self, kind: str, message: str) -> None:
-        self.cmds.append(Notify(kind, self.r.phase.value, self.r.wave + 1, message))
+    def notify(self, kind: str, message: str, *, by: str = "") -> None:
+        self.cmds.append(Notify(kind, self.r.phase.value, self.r.wave + 1, message, by))
 
     def pause(self, reason: str) -> None:
         self.r = replace(self.r, resume_to=self.r.phase)
@@ -218,14 +308,18 @@ class _Run:
             d = self.devices[device_id]
             if d.wave is None or d.status not in (*UNSETTLED, *SHADOW, S.DONE, S.FAILED):
                 continue
-            prev = d.previous
-            self.cmds.append(
-                RevertDirective(
-                    device_id, prev.name if prev else None, prev.release if prev else None
-                )
-            )
-            self.devices[device_id] = replace(d, status=S.REVERTING, settled_at=None)
+            self.devices[device_id] = self.revert(d)
         self.enter(Phase.ROLLING_BACK, reason)
+        self.revert_deadline()
+
+    def revert_deadline(self) -> None:
+        """While rolling back, the phase's deadline is the first reverting device's."""
+        deadlines = [
+            d.deadline
+            for d in self.devices.values()
+            if d.status is S.REVERTING and d.deadline is not None
+        ]
+        self.r = replace(self.r, deadline=min(deadlines, default=None))
 
     def advance(self) -> None:
         for _ in range(MAX_PASSES):
@@ -247,16 +341,33 @@ class _Run:
             limit = r.spec.policy.timeouts.paused_s
             self.enter(Phase.CANCELLED, f"cancelled: paused longer than {limit} s")
         elif r.phase is Phase.ROLLING_BACK:
-            left = [d for d in r.order if self.devices[d].status is S.REVERTING]
-            # the cause stays first in the reason: the operator reads why, not just how
-            if not left:
-                self.enter(
-                    Phase.ROLLED_BACK, f"{r.reason}; every reverted device runs its previous bundle"
-                )
-            elif due:
-                self.enter(Phase.ROLLED_BACK, f"{r.reason}; timeout: not confirmed by {_ids(left)}")
+            self.rolling_back()
         elif r.phase in ACTIVE:
             self.active(due)
+
+    def rolling_back(self) -> None:
+        """Each reverting device past its deadline is stuck (with the reason); the
+        rollout is rolled back once no revert is open (reverting or stuck)."""
+        r, now = self.r, self.now
+        limit = r.spec.policy.timeouts.rolling_back_s
+        for device_id in r.order:
+            d = self.devices[device_id]
+            if d.status is S.REVERTING and d.deadline is not None and now >= d.deadline:
+                back = d.previous if d.shadow_only else revert_target(d)
+                to = f"{back.name} release {back.release}" if back else "its own bundle"
+                self.stuck(d, f"timeout: no revert to {to} confirmed within {limit} s")
+        self.revert_deadline()
+        if any(self.devices[d].status in REVERT_OPEN for d in r.order):
+            return
+        accepted = [d for d in r.order if self.devices[d].status is S.ACCEPTED]
+        # the cause stays first in the reason: the operator reads why, not just how
+        end = "every reverted device runs its previous bundle"
+        if accepted:
+            end = (
+                "the other reverted devices run their previous bundle; accepted as they "
+                f"are: {_ids(accepted)}"
+            )
+        self.enter(Phase.ROLLED_BACK, f"{r.reason}; {end}")
 
     def active(self, due: bool) -> None:
         r, now = self.r, self.now

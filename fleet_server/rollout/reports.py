@@ -9,7 +9,9 @@ The rules, whatever the rollout's phase:
   running or failed) or ``failed`` (the install of the target failed or was rolled back);
 - an install outcome counts only when it is about the target, so a stale failure of an
   earlier release never fails this rollout, and going offline never fails a device;
-- a ``reverting`` device becomes ``rolled-back`` when it reports its previous bundle;
+- a ``reverting`` (or ``stuck``) device becomes ``rolled-back`` when it reports what
+  the revert returns it to (its previous bundle, or the release an operator named), and
+  ``stuck`` (with the device's reason) when it reports that install failed;
 - a ``shadow-assigned`` device becomes ``shadowing`` when it reports the target in its
   shadow slot (the health's shadow summary names it) or a committed shadow install of the
   target, ``failed`` when the install of the target failed, and ``done`` if it reports the
@@ -26,8 +28,55 @@ from dataclasses import replace
 from typing import Any
 
 from fleet_server.rollout.events import DeviceReport, InstallOutcome, ShadowReport
-from fleet_server.rollout.state import SHADOW, UNASSIGNED, UNSETTLED, BundleRef, DeviceState
+from fleet_server.rollout.state import (
+    REVERT_OPEN,
+    SHADOW,
+    UNASSIGNED,
+    UNSETTLED,
+    BundleRef,
+    DeviceState,
+)
 from fleet_server.rollout.state import DeviceStatus as S
+
+REVERT_CLOCK_SLACK_S = 30.0
+"""An install failure dated this long before the revert was sent still counts as its
+answer (device clocks are bounded by ingest, not exact)."""
+
+
+def revert_target(device: DeviceState) -> BundleRef | None:
+    """What a revert returns ``device`` to: the release an operator named, else the
+    bundle it ran before the rollout."""
+    return device.revert_to or device.previous
+
+
+def _revert_report(
+    device: DeviceState,
+    report: DeviceReport,
+    active: BundleRef | None,
+    now: float,
+) -> dict[str, Any]:
+    """A ``reverting`` or ``stuck`` device's change: ``rolled-back`` once it runs what
+    the revert returns it to (a stuck one too: it came back late); ``stuck``, with the
+    device's reason, when it reports that install failed after the revert was sent."""
+    back = device.previous if device.shadow_only else revert_target(device)
+    if active == back and (back is not None or device.shadow_only):
+        return {"status": S.ROLLED_BACK, "settled_at": now, "deadline": None, "why": ""}
+    if device.status is not S.REVERTING or back is None or device.shadow_only:
+        return {}
+    answered = (
+        report.install is InstallOutcome.FAILED
+        and report.install_bundle == back.name
+        and report.install_release == back.release
+        and report.install_at is not None
+        and device.reverted_at is not None
+        and report.install_at >= device.reverted_at - REVERT_CLOCK_SLACK_S
+    )
+    if not answered:
+        return {}
+    why = f"the device could not revert to {back.name} release {back.release}"
+    if report.install_reason:
+        why += f": {report.install_reason}"
+    return {"status": S.STUCK, "deadline": None, "why": why}
 
 
 def reported_active(report: DeviceReport) -> BundleRef | None:
@@ -110,8 +159,8 @@ def apply_report(
             new |= {"status": S.DONE, "settled_at": now}
         elif shadow_up and status is S.SHADOW_ASSIGNED:
             new["status"] = S.SHADOWING
-    elif status is S.REVERTING and active == device.previous and active != target:
-        new |= {"status": S.ROLLED_BACK, "settled_at": now}
+    elif status in REVERT_OPEN:
+        new |= _revert_report(device, report, active, now)
 
     if active == target and (on_target or about):
         new["worker_crashes"] = max(device.worker_crashes, report.worker_crashes)

@@ -63,12 +63,21 @@ class DeviceStatus(str, Enum):
     FAILED = "failed"
     """The install failed or the device rolled the target back by itself."""
     REVERTING = "reverting"
-    """Sent a revert to its previous bundle; not confirmed yet."""
+    """Sent a revert to its previous bundle (or the release an operator named); not
+    confirmed yet. Has a deadline: past it, the device is ``stuck``."""
+    STUCK = "stuck"
+    """A revert that cannot finish: the fleet could not deliver it, the device reported
+    why it failed, no bundle was known to return to, or its deadline passed. ``why``
+    says which; it waits for an operator (retry, assign a named release, accept)."""
     ROLLED_BACK = "rolled-back"
-    """Reports its previous bundle again after a revert."""
+    """Reports its previous bundle (or the release an operator named) after a revert."""
+    ACCEPTED = "accepted"
+    """A stuck device an operator accepted as it is (``why`` names who)."""
 
 
 UNASSIGNED = frozenset({DeviceStatus.PENDING, DeviceStatus.OFFLINE})
+REVERT_OPEN = frozenset({DeviceStatus.REVERTING, DeviceStatus.STUCK})
+"""A revert not finished: the rollout stays ``rolling_back`` while any device is in one."""
 UNSETTLED = frozenset({DeviceStatus.ASSIGNED, DeviceStatus.INSTALLING})
 SHADOW = frozenset({DeviceStatus.SHADOW_ASSIGNED, DeviceStatus.SHADOWING})
 """Assigned to the wave's shadow phase: the target runs (or is being put) beside, never
@@ -116,6 +125,17 @@ class DeviceState:
     """Of those, how many got the live model's outcome."""
     shadow_p99_ms: float | None = None
     """The target's p99 latency in the shadow slot."""
+    revert_to: BundleRef | None = None
+    """What a revert returns it to: ``previous``, or the release an operator named."""
+    shadow_only: bool = False
+    """Reverted while in the shadow phase: it never switched, only the shadow slot is
+    emptied (confirmed once it reports ``previous`` active)."""
+    reverted_at: float | None = None
+    """When the (latest) revert was sent."""
+    deadline: float | None = None
+    """A reverting device's deadline: not confirmed by then, it is ``stuck``."""
+    why: str = ""
+    """Why a device is ``stuck``, or who accepted it."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,8 +27,10 @@ from fleet_server.rollout import (
     Notify,
     Pause,
     Phase,
+    Resolve,
     Resume,
     RevertDirective,
+    RevertRefused,
     Rollback,
     Rollout,
     RolloutError,
@@ -392,20 +394,192 @@ def test_assigned_device_that_never_reports_times_the_wave_out_into_pause() -> N
     assert f.assigns().count(canary) == 1
 
 
-def test_rolling_back_ends_even_when_a_device_does_not_confirm() -> None:
+def test_a_revert_not_confirmed_by_its_deadline_is_stuck_with_the_reason() -> None:
     f = _fleet(20)
     f.bad = {f.r.order[2]}
     f.run()
     assert f.r.phase is Phase.ROLLING_BACK
     cause = f.r.reason
-    f.silent = {f.r.order[0]}
+    quiet = f.r.order[0]
+    f.silent = {quiet}
     f.answer()
+    sent = f.r.devices[quiet].reverted_at
+    assert sent is not None
+    assert f.r.deadline == f.r.devices[quiet].deadline == sent + 3600
     f.tick(3599)
-    assert f.r.phase is Phase.ROLLING_BACK
+    assert f.r.devices[quiet].status is S.REVERTING
     f.tick(1)
+    d = f.r.devices[quiet]
+    assert d.status is S.STUCK
+    assert d.why == "timeout: no revert to det release 1 confirmed within 3600 s"
+    assert f.notes("device_stuck") == [f"{quiet}: {d.why}"]
+    # a stuck device holds the rollout in rolling_back (and its devices) until resolved
+    f.tick(86_400)
+    assert f.r.phase is Phase.ROLLING_BACK
+    assert f.r.deadline is None
+    assert f.r.reason == cause
+
+
+def test_an_operator_retries_a_stuck_revert_and_the_rollback_finishes() -> None:
+    f = _fleet(20)
+    f.bad = {f.r.order[2]}
+    f.run()
+    quiet = f.r.order[0]
+    f.silent = {quiet}
+    f.answer()
+    f.tick(3600)
+    assert f.r.devices[quiet].status is S.STUCK
+    before = f.reverts().count(quiet)
+    f.silent.clear()
+    out = f.send(Resolve(f.now, quiet, "retry", by="alice"))
+    assert [c for c in out if isinstance(c, RevertDirective)] == [RevertDirective(quiet, "det", 1)]
+    assert f.reverts().count(quiet) == before + 1
+    assert f.r.devices[quiet].status is S.REVERTING
+    assert f.r.devices[quiet].deadline == f.now + 3600
+    (note,) = [c for c in out if isinstance(c, Notify) and c.kind == "resolved"]
+    assert note.by == "alice"
+    assert note.message == f"{quiet}: retry by alice: revert to det release 1"
+    f.answer()
     assert f.r.phase is Phase.ROLLED_BACK
-    assert f.r.reason == f"{cause}; timeout: not confirmed by {f.r.order[0]}"
-    assert f.r.devices[f.r.order[0]].status is S.REVERTING
+    assert f.r.devices[quiet].status is S.ROLLED_BACK
+    assert f.r.reason.endswith("; every reverted device runs its previous bundle")
+
+
+def test_an_operator_assigns_a_named_release_to_a_stuck_device() -> None:
+    f = _fleet(20)
+    f.bad = {f.r.order[2]}
+    f.run()
+    quiet = f.r.order[0]
+    f.silent = {quiet}
+    f.answer()
+    f.tick(3600)
+    out = f.send(Resolve(f.now, quiet, "assign", release=3, by="bob"))
+    assert RevertDirective(quiet, "det", 3) in out
+    assert f.r.devices[quiet].revert_to == BundleRef("det", 3)
+    # release 1 is no answer now; release 3 is
+    f.report(quiet, active_bundle="det", active_release=1)
+    assert f.r.devices[quiet].status is S.REVERTING
+    f.report(quiet, active_bundle="det", active_release=3)
+    assert f.r.devices[quiet].status is S.ROLLED_BACK
+    assert f.r.phase is Phase.ROLLED_BACK
+
+
+def test_an_operator_accepts_a_stuck_device_as_it_is_and_who_is_kept() -> None:
+    f = _fleet(20)
+    f.bad = {f.r.order[2]}
+    f.run()
+    quiet = f.r.order[0]
+    f.silent = {quiet}
+    f.answer()
+    f.tick(3600)
+    out = f.send(Resolve(f.now, quiet, "accept", by="carol", reason="line restarted on it"))
+    assert not [c for c in out if isinstance(c, RevertDirective)]
+    d = f.r.devices[quiet]
+    assert d.status is S.ACCEPTED
+    assert d.why == "accepted as it is (det release 2) by carol: line restarted on it"
+    assert f.r.phase is Phase.ROLLED_BACK
+    assert f.r.reason.endswith(f"accepted as they are: {quiet}")
+
+
+def test_a_device_that_reports_its_revert_failed_is_stuck_with_its_reason() -> None:
+    f = _fleet(20)
+    f.bad = {f.r.order[2]}
+    f.run()
+    quiet = f.r.order[0]
+    f.silent = {quiet}
+    f.answer()
+    sent = f.r.devices[quiet].reverted_at
+    assert sent is not None
+    # a failure older than the revert is not its answer
+    f.report(
+        quiet,
+        active_bundle="det",
+        active_release=2,
+        install=InstallOutcome.FAILED,
+        install_bundle="det",
+        install_release=1,
+        install_at=sent - 600,
+        install_reason="download: gone",
+    )
+    assert f.r.devices[quiet].status is S.REVERTING
+    f.report(
+        quiet,
+        active_bundle="det",
+        active_release=2,
+        install=InstallOutcome.FAILED,
+        install_bundle="det",
+        install_release=1,
+        install_at=sent + 5,
+        install_reason="fetch: timed out",
+    )
+    d = f.r.devices[quiet]
+    assert d.status is S.STUCK
+    assert d.why == "the device could not revert to det release 1: fetch: timed out"
+    # it comes back by itself later: rolled back, and the rollout ends
+    f.report(quiet, active_bundle="det", active_release=1)
+    assert f.r.devices[quiet].status is S.ROLLED_BACK
+    assert f.r.phase is Phase.ROLLED_BACK
+
+
+def test_a_revert_the_fleet_could_not_send_is_stuck_with_why() -> None:
+    f = _fleet(20)
+    f.bad = {f.r.order[2]}
+    f.run()
+    quiet = f.r.order[0]
+    f.silent = {quiet}
+    f.answer()
+    f.send(RevertRefused(f.now, quiet, "bundle 'det' release 1 is not published"))
+    d = f.r.devices[quiet]
+    assert d.status is S.STUCK
+    assert d.why == "the revert could not be sent: bundle 'det' release 1 is not published"
+    assert f.r.phase is Phase.ROLLING_BACK
+
+
+def test_a_device_that_ran_no_known_bundle_is_stuck_at_once_not_left_reverting() -> None:
+    devices = _devices(3)
+    devices[0] = replace(devices[0], active=None)
+    spec = _spec(waves="100%")
+    f = Fleet(plan("ro-1", spec, 2, devices, T0, budget_ms=50.0))
+    f.run()
+    f.send(Rollback(f.now, "operator", by="dave"))
+    d = f.r.devices["cam-000"]
+    assert d.status is S.STUCK
+    assert "no bundle to return to" in d.why
+    assert "cam-000" not in f.reverts()
+    assert refusal(f.r, Resolve(f.now, "cam-000", "retry")) is not None
+    f.answer()
+    assert f.r.phase is Phase.ROLLING_BACK
+    f.send(Resolve(f.now, "cam-000", "assign", release=1, by="dave"))
+    f.answer()
+    assert f.r.phase is Phase.ROLLED_BACK
+
+
+def test_resolve_is_refused_outside_a_rollback_and_for_a_device_not_stuck() -> None:
+    f = _fleet(20)
+    first = f.r.order[0]
+    assert refusal(f.r, Resolve(f.now, first, "accept")) == (
+        "cannot resolve a rollout that is planned"
+    )
+    f.bad = {f.r.order[2]}
+    f.run()
+    f.answer()
+    assert refusal(f.r, Resolve(f.now, first, "accept")) == (
+        "cannot resolve a rollout that is rolled_back"
+    )
+    g = _fleet(20)
+    g.bad = {g.r.order[2]}
+    g.run()
+    g.silent = {g.r.order[0]}
+    g.answer()
+    never = g.r.order[-1]
+    assert refusal(g.r, Resolve(g.now, never, "accept")) == (
+        f"device {never} is pending: only a stuck or reverting device is resolved"
+    )
+    assert refusal(g.r, Resolve(g.now, "nope", "accept")) == "device 'nope' is not in rollout ro-1"
+    assert "not one of retry, assign, accept" in str(
+        refusal(g.r, Resolve(g.now, g.r.order[0], "forget"))
+    )
+    assert refusal(g.r, Resolve(g.now, g.r.order[0], "assign")) is not None
 
 
 def test_shift_holds_its_line_and_the_devices_are_assigned_after_it() -> None:
@@ -892,10 +1066,16 @@ def _check(old: Rollout, ev: Event, new: Rollout, out: list[Command], w: Watch) 
             and committed
             and before in (S.PENDING, S.OFFLINE, S.ASSIGNED, S.INSTALLING)
         ):
-            assert new.devices[ev.device_id].status in (S.DONE, S.REVERTING)
+            assert new.devices[ev.device_id].status in (S.DONE, S.REVERTING, S.STUCK)
         if ev.online is False and before is not S.FAILED:
             assert new.devices[ev.device_id].status is not S.FAILED
-    assert (new.deadline is None) == (new.phase in TERMINAL)
+    if new.phase is Phase.ROLLING_BACK:
+        # its deadline is the first reverting device's; none while only stuck ones wait
+        reverting = [d for d in new.devices.values() if d.status is S.REVERTING]
+        assert new.deadline == min((d.deadline for d in reverting if d.deadline), default=None)
+        assert all(d.why for d in new.devices.values() if d.status is S.STUCK)
+    else:
+        assert (new.deadline is None) == (new.phase in TERMINAL)
     if new.phase is Phase.COMPLETED and old.phase is not Phase.COMPLETED:
         assert all(d.status is S.DONE for d in new.devices.values())
     if any(isinstance(c, Notify) and c.kind == "gate_failed" for c in out):
@@ -904,7 +1084,9 @@ def _check(old: Rollout, ev: Event, new: Rollout, out: list[Command], w: Watch) 
             for d in new.devices.values():
                 if d.wave is not None:
                     assert d.status not in (S.ASSIGNED, S.INSTALLING, S.DONE, S.FAILED)
-                    assert w.reverts.get(d.device_id) == 1
+                    # each is sent its revert, or stuck: it has nothing to go back to
+                    sent = w.reverts.get(d.device_id) == 1
+                    assert sent or (d.status is S.STUCK and d.previous is None)
         else:
             assert new.phase is Phase.PAUSED
     if new.phase in TERMINAL or new.phase is Phase.ROLLING_BACK:
@@ -912,14 +1094,26 @@ def _check(old: Rollout, ev: Event, new: Rollout, out: list[Command], w: Watch) 
 
 
 def _leaves_on_timeout(r: Rollout) -> None:
-    """From ``r``, ticking at each deadline changes the phase every time, and reaches a
-    terminal phase within a bound, with no device reporting anything."""
-    for _ in range(4 * len(r.waves) + 8):
+    """From ``r``, ticking at each deadline changes the phase every time (while rolling
+    back: makes the reverting devices due stuck), and reaches a terminal phase within a
+    bound, with no device reporting anything; a rollback whose reverts are all stuck
+    waits for an operator, and ends once each stuck device is accepted."""
+    for _ in range(4 * len(r.waves) + 8 + len(r.devices)):
         if r.phase in TERMINAL:
             return
+        if r.phase is Phase.ROLLING_BACK and r.deadline is None:
+            stuck = [d for d in r.order if r.devices[d].status is S.STUCK]
+            assert stuck, "rolling back with nothing to wait for"
+            assert all(r.devices[d].why for d in stuck)
+            for device_id in stuck:
+                r, _ = step(r, Resolve(r.clock, device_id, "accept", by="test"))
+            continue
         assert r.deadline is not None
         nxt, _ = step(r, Tick(max(r.deadline, r.clock)))
-        assert (nxt.phase, nxt.wave, nxt.since) != (r.phase, r.wave, r.since), r.phase
+        if r.phase is Phase.ROLLING_BACK:
+            assert nxt.count(S.REVERTING) < r.count(S.REVERTING), "a due revert not stuck"
+        else:
+            assert (nxt.phase, nxt.wave, nxt.since) != (r.phase, r.wave, r.since), r.phase
         r = nxt
     raise AssertionError(f"still {r.phase} after ticking through every timeout")
 
