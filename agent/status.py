@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from agent.actions.dispatcher import ActionDispatcher
@@ -49,12 +50,19 @@ def hotpath_liveness(
 
 
 def camera_health(s: CameraStats) -> dict[str, Any]:
-    """A camera on /healthz: up, the reason word of its last failure and the failures by
-    reason, and (RTSP) the decoder that runs and the ones passed over, with why. A camera
-    that is down does not make the agent unhealthy (it is reopened; /readyz says not ready)."""
+    """A camera on /healthz: up; ``failure``, the reason word it is down for now ("" while
+    it delivers frames); ``last_failure``, the last one with when and why, kept
+    after it recovered (null if it never failed); the failures by reason; and (RTSP) the
+    decoder that runs and the ones passed over, with why. A camera that is down does not
+    make the agent unhealthy (it is reopened; /readyz says not ready)."""
+    last = None
+    if s.last_failure:
+        at = datetime.fromtimestamp(s.last_failure_at, timezone.utc).isoformat(timespec="seconds")
+        last = {"reason": s.last_failure, "at": at, "error": s.last_error}
     return {
         "up": s.up,
         "failure": s.failure,
+        "last_failure": last,
         "failures": dict(s.failures),
         "decoder": s.decoder,
         "decoders_passed_over": dict(s.decoders_passed_over),

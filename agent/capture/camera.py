@@ -53,8 +53,12 @@ class CameraStats:
             took them: above 0 the pipeline can't keep up with the camera.
         starved: the camera delivers frames but no consumer took one for
             :data:`STARVED_AFTER_S` (or ten frame periods): it is not served at all.
-        failure: the reason word of the last failure (:data:`agent.capture.rtsp.FAILURES`:
-            refused, unauthorized, not_found, timeout, stalled, ended...; "" if none).
+        failure: the reason word of the failure the camera is down for now
+            (:data:`agent.capture.rtsp.FAILURES`: refused, unauthorized, not_found,
+            timeout, stalled, ended...); "" while it delivers frames (or before any).
+        last_failure: the reason word of the last failure, kept after the camera
+            recovered ("" if it never failed).
+        last_failure_at: when that was (``time.time()``; 0 if never).
         failures: failures counted by reason word.
         decoder: what decodes an RTSP camera's video (``software``, ``vaapi``,
             ``software (key frames)``...; "" for other kinds or before the first open).
@@ -74,6 +78,8 @@ class CameraStats:
     starved: bool = False
     failure: str = ""
     failures: Mapping[str, int] = field(default_factory=dict)
+    last_failure: str = ""
+    last_failure_at: float = 0.0
     decoder: str = ""
     decoders_passed_over: Mapping[str, str] = field(default_factory=dict)
 
@@ -105,6 +111,8 @@ class Camera:
         self._reported: bool | None = None
         self._last_error = ""
         self._failure = ""
+        self._last_failure = ""
+        self._last_failure_at = 0.0
         self._failures: dict[str, int] = {}
         self._captured = 0
         self._skipped = 0
@@ -179,6 +187,8 @@ class Camera:
                 starved=self._starved(),
                 failure=self._failure,
                 failures=dict(self._failures),
+                last_failure=self._last_failure,
+                last_failure_at=self._last_failure_at,
                 decoder=self._decoding.running if self._decoding else "",
                 decoders_passed_over=dict(self._decoding.passed_over) if self._decoding else {},
             )
@@ -230,7 +240,8 @@ class Camera:
         with self._lock:
             self._errors += 1
             self._last_error = reason
-            self._failure = failure
+            self._failure = self._last_failure = failure
+            self._last_failure_at = time.time()
             self._failures[failure] = self._failures.get(failure, 0) + 1
         logger.warning("camera %s: %s; reopening in %.1f s", self.name, reason, delay)
         self._set_state(up=False, reason=reason)
@@ -249,7 +260,8 @@ class Camera:
         except EndOfStream as e:
             with self._lock:
                 self._last_error = e.reason
-                self._failure = "ended"
+                self._failure = self._last_failure = "ended"
+                self._last_failure_at = time.time()
             logger.info("camera %s: %s", self.name, e.reason)
             self._set_state(up=False, reason=e.reason)
             return True
@@ -307,6 +319,7 @@ class Camera:
             was_up = self._up
             if not was_up:
                 self._since_ns = t_ns
+                self._failure = ""  # recovered: the last failure is past
         replaced = self._slot.put(Frame(self.name, seq, image, t_ns, wall))
         with self._lock:
             self._recent_drops.append(replaced)

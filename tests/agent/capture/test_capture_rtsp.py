@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from agent.capture import Camera, CameraConfig
+from agent.status import camera_health
 from tests.agent.capture.camera_watch import StateLog, wait_for
 from tests.support.broker import free_port
 
@@ -67,12 +69,24 @@ def test_rtsp_camera_captures_again_after_its_server_is_killed_and_restarted_on_
     wait_for(lambda: "refused" in camera.stats().failures, 10, "a refused reopen")
     assert camera.stats().failures["ended"] == 1
     captured = camera.stats().frames_captured
+    down = camera_health(camera.stats())
+    assert down["failure"] == "refused"  # current: the camera is down for it
+    assert down["last_failure"]["reason"] == "refused"
 
     rtsp_server.start()  # back, same port
     recovery_s = wait_for(lambda: camera.up, 10, "the camera to capture again")
     wait_for(lambda: camera.stats().frames_captured > captured, 5, "new frames")
     assert log.ups() == [True, False, True]
     print(f"capturing again {recovery_s:.2f} s after the server's restart")
+    # /healthz: the failure is past (no current one), the last one kept with when and why
+    health = camera_health(camera.stats())
+    assert health["up"] is True
+    assert health["failure"] == ""
+    last = health["last_failure"]
+    assert last["reason"] == "refused"
+    assert "connection refused" in last["error"]
+    assert datetime.fromisoformat(last["at"]) <= datetime.now(timezone.utc)
+    assert health["failures"]["refused"] >= 1
 
 
 def test_rtsp_camera_that_stalls_with_its_socket_open_is_reported_stalled_and_recovers(
