@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -100,6 +101,27 @@ def install_facts(
     )
 
 
+MAX_REASON_CHARS = 300
+"""The most characters of a device's install reason kept (it is the device's text)."""
+
+
+def _plain(value: Any) -> str:
+    """``value`` when it is a string, with control and format characters (newlines,
+    bidi overrides) replaced by spaces, cut to :data:`MAX_REASON_CHARS`."""
+    if not isinstance(value, str):
+        return ""
+    text = "".join(
+        " " if unicodedata.category(c)[0] == "C" else c for c in value[:MAX_REASON_CHARS]
+    )
+    return " ".join(text.split())
+
+
+def install_reason(payload: Mapping[str, Any]) -> str:
+    """``step: reason`` of an install report (the device's words, made plain)."""
+    step, reason = _plain(payload.get("step")), _plain(payload.get("reason"))
+    return f"{step}: {reason}" if step and reason else step or reason
+
+
 def health_facts(health: Mapping[str, Any] | None) -> tuple[int, float | None, dict[str, int]]:
     """(worker crashes, highest p99 over models, decisions by outcome) of a health report.
 
@@ -146,10 +168,12 @@ def device_report(device: Device, install: EventRecord | None, now: float) -> De
     outcome, bundle, release, auto = (None, None, None, False)
     began: float | None = None
     shadow_install = False
+    why = ""
     if install is not None:
         outcome, bundle, release, auto = install_facts(install.payload)
         began = _number(install.payload.get("at")) or install.ts
         shadow_install = install.payload.get("mode") == "shadow"
+        why = install_reason(install.payload)
     health = device.health
     health_ts = _number(health.get("ts")) if health else None
     if began is not None and (health_ts is None or health_ts < began):
@@ -170,6 +194,8 @@ def device_report(device: Device, install: EventRecord | None, now: float) -> De
         p99_ms=p99,
         outcome_counts=outcomes,
         shadow=shadow_facts(health),
+        install_at=began,
+        install_reason=why,
     )
 
 
