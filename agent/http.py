@@ -3,15 +3,23 @@
 A stdlib ``ThreadingHTTPServer`` in a daemon thread, on loopback unless told otherwise.
 Health and readiness answer 200 with ``{"status": "ok", ...}`` or 503 with the details;
 ``/metrics`` is the Prometheus text format. Other paths: 404; other methods: 405.
+
+Slow clients can't make it unanswerable: at most :data:`MAX_CONNECTIONS` are served at
+once, each must send its whole request head within :data:`HEAD_DEADLINE_S` (from its
+connect, or from the end of its last answer on a kept-alive connection; a client that
+trickles a byte at a time is cut off too), and when every place is taken a new
+connection takes the place of the one that has waited longest for its request head.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,8 +35,10 @@ log = logging.getLogger(__name__)
 
 Probe = Callable[[], tuple[bool, dict[str, Any]]]
 
-MAX_CONNECTIONS = 16  # requests served at once; more are closed unanswered
-REQUEST_TIMEOUT_S = 5.0  # a client that sends nothing for this long is cut off
+MAX_CONNECTIONS = 16  # connections served at once (see the module docstring)
+HEAD_DEADLINE_S = 2.0  # a connection's whole request head must come within this
+REQUEST_TIMEOUT_S = 5.0  # any one read or write on a connection (answers are sent in it)
+_TAKE_OVER_WAIT_S = 1.0  # how long a new connection waits for the place it freed
 _POLL_S = 0.2
 
 
@@ -74,13 +84,20 @@ class _Server(ThreadingHTTPServer):
         self.render = render
         self.probes = {"/healthz": health, "/readyz": ready}
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.cut_off = 0
+        """Connections closed for not sending their request head in time, or for a new one."""
+        self._waiting: dict[socket.socket, float] = {}  # waiting for a request head, since
+        self._waiting_lock = threading.Lock()
         host = address[0]
         if host != "localhost" and ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        taken = self.slots.acquire(blocking=False) or (
+            self._cut_off_oldest() and self.slots.acquire(timeout=_TAKE_OVER_WAIT_S)
+        )
+        if not taken:
             log.warning("local HTTP: %d requests in progress, closing a new one", MAX_CONNECTIONS)
             self.shutdown_request(request)
             return
@@ -94,7 +111,45 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.answered(request)
             self.slots.release()
+
+    # -- connections waiting for their request head ------------------------------------
+    def waiting(self, conn: socket.socket) -> None:
+        """``conn`` waits for its (next) request head from now on."""
+        with self._waiting_lock:
+            self._waiting[conn] = time.monotonic()
+
+    def answered(self, conn: socket.socket) -> None:
+        """``conn``'s request head is in (or the connection is closed)."""
+        with self._waiting_lock:
+            self._waiting.pop(conn, None)
+
+    def _cut(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # its thread's read ends; the thread closes it
+            conn.shutdown(socket.SHUT_RDWR)
+        self.cut_off += 1
+
+    def _cut_off_oldest(self) -> bool:
+        """Cut off the connection that has waited longest for its request head, if any."""
+        with self._waiting_lock:
+            if not self._waiting:
+                return False
+            conn = min(self._waiting, key=self._waiting.__getitem__)
+            del self._waiting[conn]
+        self._cut(conn)
+        return True
+
+    def service_actions(self) -> None:
+        """Cut off every connection past :data:`HEAD_DEADLINE_S` without its request head
+        (called by ``serve_forever`` every poll)."""
+        now = time.monotonic()
+        with self._waiting_lock:
+            late = [c for c, since in self._waiting.items() if now - since > HEAD_DEADLINE_S]
+            for conn in late:
+                del self._waiting[conn]
+        for conn in late:
+            self._cut(conn)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -102,6 +157,18 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_S
     server_version = "edgefleet-agent"
     protocol_version = "HTTP/1.1"
+
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.answered(self.connection)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the headers: the request head is in
+        self.server.answered(self.connection)
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:
         if log.isEnabledFor(logging.DEBUG):

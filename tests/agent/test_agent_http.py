@@ -6,6 +6,7 @@ import http.client
 import json
 import re
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from agent.errors import AgentError
-from agent.http import HttpConfig, LocalHttpServer
+from agent.http import HEAD_DEADLINE_S, MAX_CONNECTIONS, HttpConfig, LocalHttpServer
 from agent.metrics import AgentMetrics
 
 Probe = Callable[[], tuple[bool, dict[str, Any]]]
@@ -231,3 +232,80 @@ def test_stop_closes_the_port(serve: Callable[..., LocalHttpServer]) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2),
     ):
         pass
+
+
+def _trickle(sock: socket.socket, stop: threading.Event) -> None:
+    """A request head one byte at a time, never finished; ends when cut off or told."""
+    head = b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 400
+    for byte in head:  # 400+ bytes at 0.1 s: far past any deadline, bounded all the same
+        if stop.wait(0.1):
+            return
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            return
+
+
+def _closed_by_server(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether the server closed ``sock`` within ``timeout_s`` (a bound, not a timing)."""
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_slow_local_connections_do_not_make_healthz_and_metrics_unanswerable(
+    serve: Callable[..., LocalHttpServer],
+) -> None:
+    server = serve(health=fixed(True, pool="ok"))
+    silent: list[socket.socket] = []
+    slow: list[socket.socket] = []
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        # more slow clients than the server has places: half say nothing, half trickle
+        for i in range(MAX_CONNECTIONS + 4):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            if i % 2:
+                slow.append(sock)
+                thread = threading.Thread(target=_trickle, args=(sock, stop), daemon=True)
+                thread.start()
+                threads.append(thread)
+            else:
+                silent.append(sock)
+        for _ in range(3):  # answered while they hang on, every time
+            status, _, body = get(server, "/healthz")
+            assert status == 200
+            assert json.loads(body)["pool"] == "ok"
+            status, _, body = get(server, "/metrics")
+            assert status == 200
+            assert b"edgefleet_" in body
+        # and none of them is held for as long as it likes: each is cut off, unanswered
+        for sock in [*silent, *slow]:
+            assert _closed_by_server(sock, HEAD_DEADLINE_S + 10)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        for sock in [*silent, *slow]:
+            sock.close()
+
+
+def test_a_kept_alive_connection_is_answered_again_and_then_cut_off_when_idle(
+    serve: Callable[..., LocalHttpServer],
+) -> None:
+    server = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        for _ in range(2):
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            resp.read()
+        assert conn.sock is not None
+        assert _closed_by_server(conn.sock, HEAD_DEADLINE_S + 10)
+    finally:
+        conn.close()
