@@ -44,7 +44,6 @@ from fleet_server.distribution.file_server import MqttFileServer
 from fleet_server.errors import FleetError
 from fleet_server.health import HealthRegistry
 from fleet_server.ingest.health import register_workers, worker_options
-from fleet_server.ingest.quality import PublishedVersions
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.ingest.worker import IngestWorker
 
@@ -306,7 +305,6 @@ class IngestService:
                 cfg.group,
             )
         options = worker_options(cfg)
-        published = PublishedVersions(ctx.repository)  # quality records' model versions
         self.by_shard: dict[str, list[IngestWorker]] = {}
         for shard, b in ctx.brokers.items():
             workers = []
@@ -317,7 +315,7 @@ class IngestService:
                     IngestWorker(
                         b.host,
                         b.port,
-                        sink=SqlSink(ctx.engine, published=published),
+                        sink=SqlSink(ctx.engine),
                         group=group,
                         client_id=client_id,
                         tls_ca=b.ca_file,

@@ -9,29 +9,24 @@ becomes a :class:`ShadowItem` or :class:`DriftItem` of the topic's device; a rec
 device time (``ts``, a bucket's ``hour``) is out of bounds is set aside alone.
 
 Before storing, the batch asks the sink which model versions it knows for each device
-(:meth:`fleet_server.ingest.sink.Sink.known_models`) and quarantines, alone and with the
-reason, each record whose model version is unknown for its device (for a shadow record,
-the *live* side's; for a drift bucket, its own): the rest of the message is stored.
+(:meth:`fleet_server.ingest.sink.Sink.known_models`: the fleet's records of the device,
+never a decision row of it) and quarantines, alone and with the reason, each record
+whose model version is unknown for its device (for a shadow record, the *live* side's;
+for a drift bucket, its own): the rest of the message is stored. The line is the
+fleet's too: a drift bucket for a line its device is not enrolled on is refused by the
+sink and quarantined alone (:func:`foreign_line_reason`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from agent.wire.codec import parse_quality
 from agent.wire.messages import MessageError
 from agent.wire.quality import DriftHour, ShadowBatch, ShadowRecord
-
-if TYPE_CHECKING:
-    from fleet_server.repository import PublishedBundle
-
-log = logging.getLogger(__name__)
 
 ModelRef = tuple[str, str, str]
 """(device_id, model_name, model_version)."""
@@ -94,7 +89,18 @@ def unknown_reason(item: QualityItem) -> str:
     side = "live model" if isinstance(item, ShadowItem) else "model"
     return (
         f"{item.name()}: {side} {model} {version} is unknown for device {device_id} "
-        "(no decision of it from this device, and not a published bundle version)"
+        "(the fleet has not recorded it as the device's active, previous or shadow "
+        "bundle, and no rollout holding the device targets it)"
+    )
+
+
+def foreign_line_reason(item: DriftItem, enrolled: str | None) -> str:
+    """Why a drift bucket is refused when it names a line its device is not enrolled on
+    (``enrolled``: the device's line in the registry, None: it has none)."""
+    on = f"is enrolled on line {enrolled}" if enrolled else "has no enrolled line"
+    return (
+        f"{item.name()}: names line {item.hour.line} but device {item.device_id} {on} "
+        "(drift is kept for the device's enrolled line only)"
     )
 
 
@@ -132,37 +138,3 @@ def add_quality(batch: Batch, device_id: str, payload: bytes, max_bytes: int) ->
         drift = DriftItem(device_id, hour)
         if batch.put_item("drift", drift, [("hour", float(hour.hour))], drift.name()):
             batch.drift.append(drift)
-
-
-class _Bundles(Protocol):
-    def bundles(self, name: str | None = None) -> list[PublishedBundle]: ...
-
-
-class PublishedVersions:
-    """``(bundle name, version) -> bool``: whether the repository has published that
-    version, from its list read at most every ``ttl_s`` (a version published since is
-    seen after that). A repository that can't be read counts as publishing nothing
-    (logged): records then need a decision of their version from their device.
-    """
-
-    def __init__(
-        self, repo: _Bundles, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.repo = repo
-        self.ttl_s = ttl_s
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._versions: frozenset[tuple[str, str]] = frozenset()
-        self._read_at: float | None = None
-
-    def __call__(self, name: str, version: str) -> bool:
-        now = self.clock()
-        with self._lock:
-            if self._read_at is None or now - self._read_at >= self.ttl_s:
-                self._read_at = now
-                try:
-                    self._versions = frozenset((b.name, b.version) for b in self.repo.bundles())
-                except Exception:  # an unreadable repository must not stop ingest
-                    log.exception("ingest: can't read the published bundles")
-                    self._versions = frozenset()
-            return (name, version) in self._versions

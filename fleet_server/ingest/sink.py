@@ -117,14 +117,16 @@ class MemorySink:
     """A thread-safe, idempotent sink in memory, for tests and the scale bench.
 
     Unbounded except for the quarantine list (the last :data:`QUARANTINE_KEEP`). A
-    model version is known for a device when a decision of it from that device is held
-    or it is in ``published`` (bundle name, version).
+    model version is known for a device when the device's newest reported state held
+    names it as its active, previous or shadow bundle, or it is in ``assigned``
+    (device id, bundle name, version): what the fleet gave the device. A decision row
+    never makes it known.
     """
 
     def __init__(
         self,
         quarantine_keep: int = QUARANTINE_KEEP,
-        published: Collection[tuple[str, str]] = (),
+        assigned: Collection[tuple[str, str, str]] = (),
     ) -> None:
         self._lock = threading.Lock()
         self.heartbeats: dict[tuple[str, str], Heartbeat] = {}
@@ -135,7 +137,7 @@ class MemorySink:
         self.events: dict[tuple[str, str], Event] = {}
         self.shadow: dict[Hashable, ShadowItem] = {}
         self.drift: dict[Hashable, DriftItem] = {}
-        self.published = set(published)
+        self.assigned = set(assigned)
         self.states: dict[str, ReportedState] = {}
         self.quarantined: deque[Quarantined] = deque(maxlen=quarantine_keep)
         self.quarantine_count = 0
@@ -193,10 +195,15 @@ class MemorySink:
         return written
 
     def known_models(self, wanted: Collection[ModelRef]) -> set[ModelRef]:
-        """Of ``wanted``, those published or with a decision held from the device."""
+        """Of ``wanted``, those the device's state names or the fleet assigned it."""
         with self._lock:
-            seen = {(d.device_id, d.model_name, d.model_version) for d in self.decisions.values()}
-        return {w for w in wanted if w in seen or (w[1], w[2]) in self.published}
+            seen = {
+                (device_id, b.name, b.version)
+                for device_id, state in self.states.items()
+                for b in (state.active, state.previous, state.shadow)
+                if b is not None
+            }
+        return {w for w in wanted if w in seen or w in self.assigned}
 
     def store_state(self, device_id: str, state: ReportedState) -> None:
         """Keep the newest state of the device (see :func:`merge_state`)."""

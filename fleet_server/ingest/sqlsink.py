@@ -20,10 +20,10 @@ Besides the records:
 Quality records (:mod:`fleet_server.ingest.quality`) go to ``shadow_results`` (once)
 and ``drift_hours`` (upserted with the larger totals) through
 :mod:`fleet_server.quality.store`. :meth:`SqlSink.known_models` says which model
-versions the fleet knows for a device, cheaply: a version known before (kept in memory,
-bounded), a published bundle version (``published``, the repository's list, cached), a
-drift bucket of it already stored from the device (its primary key's prefix), or a
-decision of it from the device (one indexed ``LIMIT 1`` query).
+versions the fleet knows for a device: a version known before (kept in memory, bounded)
+or one the fleet recorded as the device's (:mod:`fleet_server.quality.facts`). Lines are
+the fleet's: a shadow record is filed under its device's enrolled line, and a drift
+bucket naming another line is refused (ingest quarantines it with the reason).
 
 Device times reach this sink already bounded (:mod:`fleet_server.ingest.clock`).
 """
@@ -51,9 +51,10 @@ from agent.wire.messages import (
 )
 from fleet_server.db import store
 from fleet_server.db.store import DecisionRecord, EventRecord, ImageRecord, Record
-from fleet_server.db.tables import decisions, devices, drift_hours, events
-from fleet_server.ingest.quality import DriftItem, ModelRef, ShadowItem
+from fleet_server.db.tables import devices, events
+from fleet_server.ingest.quality import DriftItem, ModelRef, ShadowItem, foreign_line_reason
 from fleet_server.quality import store as quality_store
+from fleet_server.quality.facts import enrolled_lines, recorded_version
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,9 @@ class SqlSink:
         self,
         engine: Engine,
         clock: Callable[[], float] = time.time,
-        published: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
-        self.published = published
         self._known: set[ModelRef] = set()
         self._known_lock = threading.Lock()
 
@@ -190,37 +189,49 @@ class SqlSink:
         now = self.clock()
         with store.write_transaction(self.engine) as conn:
             inserted = 0
-            for device_id in sorted({r.device_id for r in rows}):
+            lines = enrolled_lines(conn, {r.device_id for r in rows})
+            for device_id in sorted(lines):
                 mine = [r.record for r in rows if r.device_id == device_id]
-                inserted += quality_store.insert_shadow_records(conn, device_id, mine, now=now)
+                line = lines[device_id] or ""  # the fleet's fact, never the record's
+                inserted += quality_store.insert_shadow_records(
+                    conn, device_id, mine, now=now, line=line
+                )
         return inserted
 
     def store_drift(self, rows: Sequence[DriftItem]) -> int:
         """Insert the new drift buckets and replace those whose copy counts more
-        decisions; how many written."""
+        decisions; how many written.
+
+        Raises:
+            ValueError: a bucket names a line its device is not enrolled on (ingest
+                then isolates and quarantines it, naming both lines).
+        """
         if not rows:
             return 0
         now = self.clock()
         with store.write_transaction(self.engine) as conn:
             written = 0
-            for device_id in sorted({r.device_id for r in rows}):
+            lines = enrolled_lines(conn, {r.device_id for r in rows})
+            for row in rows:
+                if row.hour.line != lines[row.device_id]:
+                    raise ValueError(foreign_line_reason(row, lines[row.device_id]))
+            for device_id in sorted(lines):
                 mine = [r.hour for r in rows if r.device_id == device_id]
                 written += quality_store.upsert_drift_hours(conn, device_id, mine, now=now)
         return written
 
     def known_models(self, wanted: Collection[ModelRef]) -> set[ModelRef]:
         """Of ``wanted`` (device_id, model_name, model_version), those the fleet knows
-        for the device: known before, published, or seen from it (a drift bucket or a
-        decision of that version)."""
+        for the device: known before, or recorded as the device's
+        (:func:`fleet_server.quality.facts.recorded_version`). A decision row or a
+        drift bucket from the device, or a version published for others, does not make
+        it known."""
         with self._known_lock:
             known = {w for w in wanted if w in self._known}
         missing = sorted(set(wanted) - known)
-        if self.published is not None:
-            known.update(w for w in missing if self.published(w[1], w[2]))
-            missing = [w for w in missing if w not in known]
         if missing:
             with self.engine.connect() as conn:
-                known.update(w for w in missing if _seen(conn, w))
+                known.update(w for w in missing if recorded_version(conn, *w))
         with self._known_lock:
             if len(self._known) + len(known) > KNOWN_CACHE:
                 self._known.clear()
@@ -286,25 +297,6 @@ def _event_record(event: Event, received_at: float) -> EventRecord:
     if extra:
         payload["_message"] = dict(extra)
     return EventRecord(event.device_id, event.event_id, event.ts, event.kind, payload, received_at)
-
-
-def _seen(conn: Connection, ref: ModelRef) -> bool:
-    """Whether the device sent a drift bucket or a decision of this model version."""
-    device_id, name, version = ref
-    for table in (drift_hours, decisions):
-        query = (
-            sa.select(sa.literal(1))
-            .select_from(table)
-            .where(
-                table.c.device_id == device_id,
-                table.c.model_name == name,
-                table.c.model_version == version,
-            )
-            .limit(1)
-        )
-        if conn.execute(query).first() is not None:
-            return True
-    return False
 
 
 def _lock_device(conn: Connection, device_id: str) -> None:

@@ -7,8 +7,8 @@ copy replaces the stored row only when its ``n`` is larger (a late redelivery of
 older copy never undoes a newer one; the same copy twice is a no-op). Rows are sorted
 by key before writing so that concurrent batches lock in the same order (PostgreSQL).
 
-The callers (ingest) have checked the device and the model version; these functions
-store what they are given.
+The callers (ingest) have checked the device, the model version and the line
+(:mod:`fleet_server.quality.facts`); these functions store what they are given.
 """
 
 from __future__ import annotations
@@ -70,14 +70,18 @@ class DriftRow:
     received_at: float
 
 
-def shadow_row(device_id: str, record: ShadowRecord, received_at: float) -> dict[str, Any]:
-    """The ``shadow_results`` row of a device's record."""
+def shadow_row(
+    device_id: str, record: ShadowRecord, received_at: float, line: str | None = None
+) -> dict[str, Any]:
+    """The ``shadow_results`` row of a device's record; ``line``: the device's enrolled
+    line, which the row is filed under (the line the record names stays in its payload;
+    None: the record's own, for callers that checked it)."""
     return {
         "device_id": device_id,
         "decision_id": record.decision_id,
         "ts": record.ts,
         "received_at": received_at,
-        "line": record.line,
+        "line": record.line if line is None else line,
         "source": record.source,
         "live_model": record.live.model_name,
         "live_version": record.live.model_version,
@@ -112,11 +116,18 @@ def drift_row(device_id: str, hour: DriftHour, received_at: float) -> dict[str, 
 
 
 def insert_shadow_records(
-    bind: Bind, device_id: str, records: Iterable[ShadowRecord], *, now: float | None = None
+    bind: Bind,
+    device_id: str,
+    records: Iterable[ShadowRecord],
+    *,
+    now: float | None = None,
+    line: str | None = None,
 ) -> int:
-    """Store the device's shadow records not stored yet; returns how many were new."""
+    """Store the device's shadow records not stored yet, filed under ``line`` when given
+    (see :func:`shadow_row`); returns how many were new."""
     received = time.time() if now is None else now
-    return insert_new(bind, shadow_results, (shadow_row(device_id, r, received) for r in records))
+    rows = (shadow_row(device_id, r, received, line) for r in records)
+    return insert_new(bind, shadow_results, rows)
 
 
 def upsert_drift_hours(

@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from sqlalchemy.engine import Engine
 
 from agent.wire import topics
-from agent.wire.messages import DecisionRow, DecisionUpload, encode
+from agent.wire.messages import DecisionRow, encode
 from agent.wire.quality import (
     DRIFT_BINS,
     DriftBatch,
@@ -27,15 +27,14 @@ from agent.wire.quality import (
     ShadowRecord,
     ShadowSide,
 )
+from agent.wire.reports import BundleRef, ReportedState
 from fleet_server.broker import acl_text, identity
 from fleet_server.broker.acl import service_grant
 from fleet_server.db import store
 from fleet_server.db.tables import drift_hours, shadow_results
 from fleet_server.ingest import IngestWorker, MemorySink
-from fleet_server.ingest.quality import PublishedVersions
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.quality.store import list_drift_hours
-from fleet_server.repository import PublishedBundle
 from tests.support.broker import Broker
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]
@@ -154,6 +153,14 @@ def start_worker(own_mosquitto: Broker) -> Iterator[Callable[[Any], IngestWorker
         worker.stop()
 
 
+def enrolled(db: Engine, device_id: str, line: str = "1", version: str = "1.0.0") -> None:
+    """Register the device on ``line`` and record the state it reports (running cls
+    ``version``): what makes that version the device's for the fleet."""
+    store.upsert_device(db, device_id, labels={"line": line}, profile="orin")
+    active = BundleRef(name="cls", version=version, release=1)
+    SqlSink(db).store_state(device_id, ReportedState(device_id=device_id, ts=NOW, active=active))
+
+
 def _count(db: Engine, table: sa.Table) -> int:
     with db.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
@@ -163,15 +170,7 @@ def test_a_shadow_batch_and_a_drift_batch_are_stored_once_when_sent_twice(
     db: Engine, publisher: Publisher, start_worker: Callable[[Any], IngestWorker]
 ) -> None:
     worker = start_worker(SqlSink(db))
-    publisher.send(
-        [
-            (
-                topics.decisions("gw-1"),
-                encode(DecisionUpload(device_id="gw-1", rows=[decision("gw-1", 0)])),
-            )
-        ]
-    )
-    assert _wait(lambda: store.count_records(db, "decisions") == 1)
+    enrolled(db, "gw-1")
     shadows = ShadowBatch(
         device_id="gw-1", records=[shadow("d-gw-1-0"), shadow("d-gw-1-1", agree=False)]
     )
@@ -179,7 +178,7 @@ def test_a_shadow_batch_and_a_drift_batch_are_stored_once_when_sent_twice(
     messages = [(topics.quality("gw-1"), encode(shadows)), (topics.quality("gw-1"), encode(drifts))]
     publisher.send(messages)
     publisher.send(messages)  # the outbox sent them again (no PUBACK seen, say)
-    assert _wait(lambda: worker.stats().received == 5 and worker.stats().duplicates == 4)
+    assert _wait(lambda: worker.stats().received == 4 and worker.stats().duplicates == 4)
     assert _count(db, shadow_results) == 2
     assert _count(db, drift_hours) == 2
     assert worker.stats().quarantined == 0
@@ -187,7 +186,7 @@ def test_a_shadow_batch_and_a_drift_batch_are_stored_once_when_sent_twice(
     publisher.send(
         [(topics.quality("gw-1"), encode(DriftBatch(device_id="gw-1", hours=[bucket(1, 55)])))]
     )
-    assert _wait(lambda: worker.stats().received == 6)
+    assert _wait(lambda: worker.stats().received == 5)
     assert _wait(lambda: [r.n for r in list_drift_hours(db)] == [40, 55])
 
 
@@ -195,15 +194,7 @@ def test_bad_quality_payloads_are_quarantined_with_the_reason(
     db: Engine, publisher: Publisher, start_worker: Callable[[Any], IngestWorker]
 ) -> None:
     worker = start_worker(SqlSink(db))
-    publisher.send(
-        [
-            (
-                topics.decisions("gw-1"),
-                encode(DecisionUpload(device_id="gw-1", rows=[decision("gw-1", 0)])),
-            )
-        ]
-    )
-    assert _wait(lambda: store.count_records(db, "decisions") == 1)
+    enrolled(db, "gw-1")
     good = json.loads(encode(DriftBatch(device_id="gw-1", hours=[bucket(1, 5)])))
     bad = [
         (topics.quality("gw-2"), json.dumps(good).encode()),  # another device's batch
@@ -247,41 +238,25 @@ def test_bad_quality_payloads_are_quarantined_with_the_reason(
     assert worker.stats().internal_errors == 0
 
 
-class Bundles:
-    """A repository's list of published bundles (the one call the check makes)."""
-
-    def __init__(self) -> None:
-        self.published: list[PublishedBundle] = []
-        self.reads = 0
-
-    def bundles(self, name: str | None = None) -> list[PublishedBundle]:
-        self.reads += 1
-        return list(self.published)
-
-
-def test_a_published_version_is_known_before_any_decision_of_it(db: Engine) -> None:
-    repo = Bundles()
-    now = [0.0]
-    published = PublishedVersions(repo, ttl_s=30.0, clock=lambda: now[0])
-    sink = SqlSink(db, published=published)
-    ref = ("gw-1", "cls", "2.0.0")
-    assert sink.known_models({ref}) == set()
-    repo.published.append(PublishedBundle("cls", "2.0.0", 4, (), None, ()))
-    assert sink.known_models({ref}) == set()  # the list is read at most every ttl_s
-    now[0] = 31.0
-    assert sink.known_models({ref}) == {ref}
-    assert repo.reads == 2
-    # seen from the device: a decision of that version
-    other = ("gw-1", "cls", "1.0.0")
-    assert sink.known_models({other}) == set()
-    sink.store_decisions([decision("gw-1", 0)])
-    assert sink.known_models({other, ("gw-2", "cls", "1.0.0")}) == {other}
+def test_a_version_is_known_from_the_fleets_records_of_the_device_not_a_decision_row(
+    db: Engine,
+) -> None:
+    sink = SqlSink(db)
+    mine, other = ("gw-1", "cls", "1.0.0"), ("gw-2", "cls", "1.0.0")
+    sink.store_decisions([decision("gw-1", 0)])  # the device's own word
+    assert sink.known_models({mine, other}) == set()
+    enrolled(db, "gw-1")  # its reported state, recorded by the fleet
+    assert sink.known_models({mine, other}) == {mine}
+    assert sink.known_models({("gw-1", "cls", "2.0.0")}) == set()
 
 
-def test_the_memory_sink_knows_published_and_decided_versions() -> None:
-    sink = MemorySink(published={("cls", "2.0.0")})
+def test_the_memory_sink_knows_reported_and_assigned_versions_not_decided_ones() -> None:
+    sink = MemorySink(assigned={("gw-2", "cls", "2.0.0")})
     sink.store_decisions([decision("gw-1", 0)])
     wanted = {("gw-1", "cls", "1.0.0"), ("gw-2", "cls", "1.0.0"), ("gw-2", "cls", "2.0.0")}
+    assert sink.known_models(wanted) == {("gw-2", "cls", "2.0.0")}
+    active = BundleRef(name="cls", version="1.0.0", release=1)
+    sink.store_state("gw-1", ReportedState(device_id="gw-1", ts=NOW, active=active))
     assert sink.known_models(wanted) == {("gw-1", "cls", "1.0.0"), ("gw-2", "cls", "2.0.0")}
 
 
