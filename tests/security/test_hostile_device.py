@@ -25,12 +25,16 @@ import pytest
 from agent.kernel.clientid import secret_client_id
 from agent.wire import topics
 from agent.wire.fetch import STATUS_OK, FetchRequest, decode_response, encode_request
+from agent.wire.messages import encode
+from agent.wire.quality import DRIFT_BINS, DriftBatch, DriftHour, ShadowBatch
+from agent.wire.reports import BundleRef, ReportedState
 from tests.fleet_server.fleet_api_support import (
     OPERATOR_TOKEN,
     PASSPHRASE,
     TOKEN_ENV,
     make_repository,
 )
+from tests.fleet_server.quality.shadow_data import shadow_record
 from tests.security.hostile_fleet import (
     ENROLLED_LABELS,
     ENROLLED_PROFILE,
@@ -548,3 +552,107 @@ def test_forged_forwarded_headers_do_not_escape_the_sign_in_throttle(
             statuses.append(exc.code)
     assert 429 in statuses, statuses
     assert 500 not in statuses
+
+
+# -- class 9: quality records follow the fleet's facts -----------------------------------
+# (the shadow gate's classes: tests/security/test_hostile_shadow_gate.py)
+
+FOREIGN_LINES = ["2", "9", "", " 1", "1 ", "\uff11", "line-1", "1\u200b", "*"]
+
+
+def _bucket(version: str, line: str, source: str) -> dict[str, Any]:
+    bins = len(DRIFT_BINS["brightness"]) - 1
+    return DriftHour(
+        model_name="cls", model_version=version, line=line, source=source,
+        hour=int(time.time()) // 60 * 60, period_s=60, n=50, outcomes={"pass": 50},
+        top_class={"ok": 50}, hist={"brightness": [50 if i == 7 else 0 for i in range(bins)]},
+    ).model_dump(mode="json")  # fmt: skip
+
+
+def _quality(peer: Peer, device_id: str, message: Any) -> None:
+    peer.publish(topics.quality(device_id), encode(message))
+
+
+def _runs(peer: Peer, version: str) -> None:
+    """The attacker reports a state running cls ``version`` (its own word, recorded)."""
+    active = BundleRef(name="cls", version=version, release=1)
+    state = ReportedState(device_id=ATTACKER, ts=time.time(), active=active)
+    peer.publish(topics.state(ATTACKER), encode(state), retain=True)
+
+
+@pytest.mark.parametrize("line", FOREIGN_LINES)
+def test_drift_for_a_line_the_device_is_not_enrolled_on_is_refused(
+    fleet: HostileFleet, line: str
+) -> None:
+    version = f"5.{FOREIGN_LINES.index(line)}.0"
+    source = f"cam-{uuid.uuid4().hex[:8]}"
+    before = fleet.quarantined()
+    atk = fleet.peer(ATTACKER)
+    try:
+        _runs(atk, version)
+        fleet.wait_count(
+            "SELECT count(*) FROM events WHERE device_id = ? AND kind = 'state' "
+            "AND payload LIKE ?", ATTACKER, f'%"{version}"%', want=1,
+        )  # fmt: skip
+        foreign = DriftBatch.model_validate(
+            {"device_id": ATTACKER, "hours": [_bucket(version, line, source)]}
+        )
+        _quality(atk, ATTACKER, foreign)
+        own = DriftBatch.model_validate(
+            {"device_id": ATTACKER, "hours": [_bucket(version, ENROLLED_LABELS["line"], source)]}
+        )
+        _quality(atk, ATTACKER, own)  # the same device's bucket for its own line is kept
+    finally:
+        atk.close()
+    stored = fleet.wait_count(
+        "SELECT count(*) FROM drift_hours WHERE device_id = ? AND model_version = ? "
+        "AND line = ?", ATTACKER, version, ENROLLED_LABELS["line"], want=1,
+    )  # fmt: skip
+    assert stored == 1
+    fleet.wait_count("SELECT count(*) FROM quarantine", want=before + 1)
+    assert (
+        fleet.count(
+            "SELECT count(*) FROM drift_hours WHERE device_id = ? AND line = ?", ATTACKER, line
+        )
+        == 0
+    )
+    reasons = [r for (r,) in fleet.query("SELECT reason FROM quarantine WHERE reason LIKE ?",
+                                         f"%{source}%")]  # fmt: skip
+    assert any(f"device {ATTACKER} is enrolled on line 1" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("kind", ["drift", "shadow"])
+def test_a_single_decision_row_does_not_make_a_version_known(
+    fleet: HostileFleet, kind: str
+) -> None:
+    version = "8.8.1" if kind == "drift" else "8.8.2"
+    decision_id = f"known-{uuid.uuid4().hex[:12]}"
+    atk = fleet.peer(ATTACKER)
+    try:
+        atk.publish(*decisions(ATTACKER, [decision_row(ATTACKER, decision_id,
+                                                      model_version=version)]))  # fmt: skip
+        fleet.wait_count("SELECT count(*) FROM decisions WHERE device_id = ? AND id = ?",
+                         ATTACKER, decision_id, want=1)  # fmt: skip
+        if kind == "drift":
+            message: Any = DriftBatch.model_validate(
+                {"device_id": ATTACKER, "hours": [_bucket(version, "1", "cam1")]}
+            )
+        else:
+            record = shadow_record(decision_id, time.time(), agree=True, live_version=version,
+                                   line="1")  # fmt: skip
+            message = ShadowBatch(device_id=ATTACKER, records=[record])
+        _quality(atk, ATTACKER, message)
+    finally:
+        atk.close()
+    fleet.wait_count(
+        "SELECT count(*) FROM quarantine WHERE reason LIKE ?",
+        f"%{version} is unknown for device {ATTACKER}%", want=1,
+    )  # fmt: skip
+    assert fleet.count(
+        "SELECT count(*) FROM drift_hours WHERE device_id = ? AND model_version = ?",
+        ATTACKER, version,
+    ) == 0  # fmt: skip
+    assert fleet.count(
+        "SELECT count(*) FROM shadow_results WHERE device_id = ? AND live_version = ?",
+        ATTACKER, version,
+    ) == 0  # fmt: skip
