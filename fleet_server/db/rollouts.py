@@ -194,3 +194,26 @@ def list_rollout_devices(bind: Bind, rollout_id: str) -> list[RolloutDevice]:
     )
     with reading(bind) as conn:
         return [RolloutDevice(**row._asdict()) for row in conn.execute(query)]
+
+
+HOLD_CHUNK = 500
+"""Device ids per query of :func:`rollouts_on_devices` (bound parameters per statement)."""
+
+
+def rollouts_on_devices(
+    bind: Bind, device_ids: Collection[str], states: Collection[str]
+) -> list[tuple[str, str, str, str]]:
+    """(rollout id, rollout state, device id, device status) of every device among
+    ``device_ids`` in a rollout whose state is one of ``states``, by rollout then device."""
+    ids = sorted(set(device_ids))
+    t, r = rollout_devices, rollouts
+    out: list[tuple[str, str, str, str]] = []
+    with reading(bind) as conn:
+        for i in range(0, len(ids), HOLD_CHUNK):
+            query = (
+                sa.select(t.c.rollout_id, r.c.state, t.c.device_id, t.c.status)
+                .join(r, r.c.rollout_id == t.c.rollout_id)
+                .where(r.c.state.in_(list(states)), t.c.device_id.in_(ids[i : i + HOLD_CHUNK]))
+            )
+            out += [(a, b, c, d) for a, b, c, d in conn.execute(query)]
+    return sorted(out)

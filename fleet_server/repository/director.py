@@ -97,9 +97,12 @@ def issue_directive(
 ) -> bytes:
     """A signed directive (JSON bytes) assigning ``bundle_name`` ``release`` to a device.
 
-    ``mode`` is ``active`` (install and switch) or ``shadow`` (install into the device's
-    shadow slot, run beside the active bundle, never act); a shadow directive carries
-    ``custom.mode``, an active one does not (older agents read it as before).
+    ``mode`` is ``active`` (install and switch), ``revert`` (install and switch even
+    below the release the device runs: the fleet sends it back, e.g. to the bundle it was
+    set up with; an agent older than this mode refuses it, naming the mode) or ``shadow``
+    (install into the device's shadow slot, run beside the active bundle, never act); a
+    shadow or revert directive carries ``custom.mode``, an active one does not (older
+    agents read it as before).
 
     ``counter`` defaults to :func:`next_counter`; an explicit one is used as given (the
     device refuses one not above what it has applied) and the record keeps the highest.
@@ -118,8 +121,8 @@ def issue_directive(
         raise DirectiveError(device_id, str(exc)) from exc
     if expires_in <= timedelta(0):
         raise DirectiveError(device_id, f"expiry {expires_in} is not in the future")
-    if mode not in ("active", "shadow"):
-        raise DirectiveError(device_id, f"mode {mode!r} is neither 'active' nor 'shadow'")
+    if mode not in ("active", "revert", "shadow"):
+        raise DirectiveError(device_id, f"mode {mode!r} is not 'active', 'revert' or 'shadow'")
     now = now or utcnow()
     with repo.locked():
         targets = repo.targets().signed
@@ -138,7 +141,7 @@ def issue_directive(
             )
         counter = next_counter(repo, device_id) if counter is None else counter
         custom = {"device_id": device_id, "hardware_class": hardware_class}
-        if mode == "shadow":
+        if mode != "active":
             custom["mode"] = mode
         if counter < 1:
             raise DirectiveError(device_id, f"counter {counter} is not positive")

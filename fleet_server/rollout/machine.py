@@ -172,6 +172,8 @@ class _Run:
         self.waves = list(rollout.waves)
         self.cmds: list[Command] = []
         self._shift: dict[str, bool] = {}
+        self.by = ""
+        """The operator whose event this step applies (kept on its notes)."""
 
     def result(self) -> tuple[Rollout, list[Command]]:
         return replace(self.r, devices=self.devices, waves=tuple(self.waves)), self.cmds
@@ -188,6 +190,7 @@ class _Run:
         )
 
     def operator(self, ev: Operator) -> None:
+        self.by = ev.by
         why = refusal(self.r, ev)
         if why is not None:
             self.notify("rejected", why)
@@ -292,6 +295,7 @@ class _Run:
         self.notify("phase", reason)
 
     def notify(self, kind: str, message: str, *, by: str = "") -> None:
+        by = by or self.by
         self.cmds.append(Notify(kind, self.r.phase.value, self.r.wave + 1, message, by))
 
     def pause(self, reason: str) -> None:

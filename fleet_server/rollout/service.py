@@ -10,11 +10,21 @@ what one step decided: the one whose save is refused reloads and steps again (on
 Commands: :class:`AssignDirective` becomes a signed directive published retained on the
 device's directive topic, with a message expiry equal to the directive's validity (its
 ``mode`` goes into the directive: ``shadow`` puts the target in the shadow slot);
-:class:`RevertDirective` a directive for the device's previous release (the agent takes a
-directive naming its previous slot's release as a rollback), or, when it ran nothing
-before, an empty retained payload that clears the directive; :class:`Notify` a log line
-and an event of kind ``rollout`` whose ``device_id`` is the rollout id. A command that
-fails is logged and counted; the rollout's timeouts then pause it.
+:class:`RevertDirective` a directive for the release the device returns to: ``active``
+when its reported previous slot holds it (the agent takes that as a rollback to the
+slot), ``revert`` otherwise (the agent fetches and installs it like any assign, though
+it is lower than what it runs: e.g. the bundle it was set up with), or, for a device that
+never switched (shadow only), an empty retained payload that clears the directive. A
+revert that cannot be sent (the release is not published, the bundle is not for the
+device's profile) is stepped back into the machine as :class:`RevertRefused`: the device
+is ``stuck`` with why. :class:`Notify` becomes a log line and an event of kind
+``rollout`` whose ``device_id`` is the rollout id (with ``by``: the operator, where one
+acted). A command that fails is logged and counted; the rollout's timeouts then pause it.
+
+A new rollout is refused (:class:`RolloutOverlap`, naming the other rollout) when another
+active rollout holds any device it selects: every device of a running one, the
+reverting and stuck ones of one rolling back. :meth:`RolloutService.resolve` is the
+operator's way out of a stuck revert: retry, assign a named release, accept.
 
 With replicas (docs/scaling-replicas.md) only the leader runs :meth:`tick`, and it is
 fenced: each save of the reconciler checks, in its transaction, that the stored epoch of
@@ -50,6 +60,7 @@ from agent.wire.manifest import parse_manifest
 from fleet_server.cluster import Leadership, NotLeader
 from fleet_server.db import RolloutConflict, store
 from fleet_server.db.cluster import ROLLOUTS_ROLE, EpochMismatch, check_epoch
+from fleet_server.db.rollouts import rollouts_on_devices
 from fleet_server.db.store import EventRecord, RolloutDevice, RolloutRecord
 from fleet_server.errors import DirectiveError
 from fleet_server.repository import KeyStore, Repository, issue_directive
@@ -67,15 +78,17 @@ from fleet_server.rollout.events import (
     Notify,
     Operator,
     Pause,
+    Resolve,
     Resume,
     RevertDirective,
+    RevertRefused,
     Rollback,
 )
 from fleet_server.rollout.machine import outstanding, refusal, step, step_all
 from fleet_server.rollout.plan import DeviceInfo, plan
 from fleet_server.rollout.serialize import from_dict, to_dict
 from fleet_server.rollout.spec import RolloutSpec, parse_spec
-from fleet_server.rollout.state import TERMINAL, BundleRef, Phase, Rollout
+from fleet_server.rollout.state import REVERT_OPEN, TERMINAL, BundleRef, Phase, Rollout
 from fleet_server.rollout.view import view as _view
 
 log = logging.getLogger(__name__)
@@ -86,6 +99,31 @@ Publish = Callable[[str, bytes, bool, int | None], None]
 ACTIONS = ("pause", "resume", "approve", "cancel", "rollback")
 NOTIFY_EVENT = "rollout"
 RUNNING_PHASES = tuple(p.value for p in Phase if p not in TERMINAL)
+MODE_REVERT = "revert"
+"""The directive mode of a revert to a release the device no longer has in a slot: it
+fetches and installs it like any assign, though it is lower than the one it runs."""
+
+
+class RolloutOverlap(RolloutError):
+    """A new rollout selects devices that another active rollout holds (every device of
+    a running one; the reverting and stuck devices of one rolling back).
+
+    Attributes:
+        other: the other rollout's id.
+        devices: the held devices it selects (sorted).
+    """
+
+    def __init__(self, other: str, phase: str, devices: builtins.list[str]) -> None:
+        self.other = other
+        self.devices = devices
+        shown = ", ".join(devices[:5]) + (
+            f" and {len(devices) - 5} more" if len(devices) > 5 else ""
+        )
+        super().__init__(
+            "selector",
+            f"{len(devices)} selected devices are held by rollout {other} ({phase}): {shown}; "
+            f"wait for it to end, or cancel it (or resolve its stuck devices) first",
+        )
 
 
 class RolloutNotFound(RolloutError):
@@ -178,6 +216,7 @@ class RolloutService:
         now = self.clock()
         rollout = plan(rid, parsed, release, infos, now, budget)
         with store.write_transaction(self.engine) as conn:
+            _refuse_overlap(conn, rollout)
             store.save_rollout(conn, _record(rollout, 0), now=now)
             store.set_rollout_devices(conn, rid, _device_rows(rollout, None), now=now)
         log.info(
@@ -220,20 +259,61 @@ class RolloutService:
             record, rollout = self._load(rollout_id)
             now = self.clock()
             event = _operator(action, now, reason, by)
-            why = refusal(rollout, event)
-            if why is not None:
-                raise RolloutError("action", why)
-            new, commands = step(rollout, event)
-            try:
-                saved = self._save(record, rollout, new, now)
-            except RolloutConflict:
-                self.stats.conflicts += 1
-                if attempt:
-                    raise
-                continue
-            self._execute(saved, commands, now)
-            return _view(saved, new, full=True)
+            result = self._apply(record, rollout, event, now, last=attempt == 1)
+            if result is not None:
+                return result
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def resolve(
+        self,
+        rollout_id: str,
+        device_id: str,
+        how: str,
+        *,
+        release: int | None = None,
+        reason: str = "",
+        by: str = "",
+    ) -> dict[str, Any]:
+        """Resolve one stuck (or still reverting) device of a rollout that is rolling
+        back: ``how`` is ``retry`` (send its revert again), ``assign`` (send it to
+        ``release`` of the rollout's bundle) or ``accept`` (keep what it runs). Kept in
+        the rollout's events with ``by``. Returns :meth:`get`'s view.
+
+        Raises:
+            RolloutNotFound: no such rollout.
+            RolloutError: the rollout is not rolling back, the device is not in it or not
+                stuck or reverting, an unknown ``how``, or ``assign`` without a release
+                (nothing changes).
+            RolloutConflict: saved by someone else twice in a row.
+        """
+        for attempt in range(2):
+            record, rollout = self._load(rollout_id)
+            now = self.clock()
+            event = Resolve(now, device_id, how, release, by, reason)
+            result = self._apply(record, rollout, event, now, last=attempt == 1)
+            if result is not None:
+                return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _apply(
+        self, record: RolloutRecord, rollout: Rollout, event: Operator, now: float, *, last: bool
+    ) -> dict[str, Any] | None:
+        """Step an operator event, save, carry the commands out; None: saved elsewhere
+        meanwhile (load and try again)."""
+        why = refusal(rollout, event)
+        if why is not None:
+            raise RolloutError("action", why)
+        new, commands = step(rollout, event)
+        try:
+            saved = self._save(record, rollout, new, now)
+        except RolloutConflict:
+            self.stats.conflicts += 1
+            if last:
+                raise
+            return None
+        refused = self._execute(saved, commands, now)
+        saved, new = self._settle(saved, new, refused, now)
+        return _view(saved, new, full=True)
 
     # -- the reconciliation loop ------------------------------------------------------
 
@@ -293,7 +373,8 @@ class RolloutService:
                     raise
                 log.info("rollout %s: saved elsewhere meanwhile; stepping again", rollout_id)
                 continue
-            self._execute(saved, commands, now, fenced=True)
+            refused = self._execute(saved, commands, now, fenced=True)
+            self._settle(saved, new, refused, now, fenced=True)
             return 1
         return 0  # pragma: no cover
 
@@ -311,7 +392,8 @@ class RolloutService:
                 rollout.rollout_id, len(again),
             )  # fmt: skip
             sent = self.stats.directives
-            self._execute(record, again, now, fenced=True)
+            refused = self._execute(record, again, now, fenced=True)
+            self._settle(record, rollout, refused, now, fenced=True)
             self.stats.resent += self.stats.directives - sent
         self._resent[rollout.rollout_id] = term
 
@@ -386,10 +468,12 @@ class RolloutService:
         now: float,
         *,
         fenced: bool = False,
-    ) -> None:
+    ) -> builtins.list[RevertRefused]:
         """Carry the commands out; ``fenced``: each directive only while the lease is
-        fresh, and none once it is not."""
+        fresh, and none once it is not. Returns the reverts that could not be sent (for
+        :meth:`_settle`)."""
         notes: builtins.list[EventRecord] = []
+        refused: builtins.list[RevertRefused] = []
         for i, command in enumerate(commands):
             if fenced and self.leader is not None and not isinstance(command, Notify):
                 try:
@@ -410,12 +494,11 @@ class RolloutService:
                     notes.append(_note(record, i, now, command))
                 elif isinstance(command, AssignDirective):
                     self._direct(command.device_id, command.bundle, command.release, command.mode)
-                elif isinstance(command, RevertDirective) and (
-                    command.bundle is None or command.release is None
-                ):
-                    self.publish(topics.directive(command.device_id), b"", True, None)
                 else:
-                    self._direct(command.device_id, command.bundle, command.release)
+                    why = self._revert(command)
+                    if why is not None:
+                        log.warning("rollout %s: %s", record.rollout_id, why)
+                        refused.append(RevertRefused(now, command.device_id, why))
             except Exception as exc:
                 self.stats.command_errors += 1
                 log.exception("rollout %s: %s failed", record.rollout_id, command)
@@ -423,6 +506,66 @@ class RolloutService:
                 notes.append(_note(record, i, now, failed))
         if notes:
             store.insert_events(self.engine, notes)
+        return refused
+
+    def _revert(self, command: RevertDirective) -> str | None:
+        """Send a revert: a device that never switched (shadow only) gets its directive
+        cleared (its shadow slot is emptied); one whose previous slot holds the release
+        (as its reported state says) an active directive, which the agent takes as a
+        rollback to that slot; any other a ``revert`` directive, which it fetches and
+        installs like any assign. One that runs it already gets an active one too (a
+        no-op). Returns why it could not be sent (None: sent)."""
+        device_id = command.device_id
+        if command.shadow_only or command.bundle is None or command.release is None:
+            self.publish(topics.directive(device_id), b"", True, None)
+            return None
+        device = store.get_device(self.engine, device_id)
+        if device is None:
+            return "the device is not registered"
+        back = (command.bundle, command.release)
+        in_slot = back in (
+            (device.previous_bundle, device.previous_release),
+            (device.active_bundle, device.active_release),
+        )
+        try:
+            self._direct(
+                device_id, command.bundle, command.release, MODE_ACTIVE if in_slot else MODE_REVERT
+            )
+        except DirectiveError as exc:
+            return exc.reason
+        return None
+
+    def _settle(
+        self,
+        record: RolloutRecord,
+        rollout: Rollout,
+        refused: builtins.list[RevertRefused],
+        now: float,
+        *,
+        fenced: bool = False,
+    ) -> tuple[RolloutRecord, Rollout]:
+        """Step the reverts that could not be sent into the rollout (each device stuck,
+        with why) and save it; returns the record and rollout saved last. A save refused
+        twice is logged: the device's deadline makes it stuck then."""
+        if not refused:
+            return record, rollout
+        for attempt in range(2):
+            new, commands = rollout, builtins.list[Command]()
+            for event in refused:
+                new, out = step(new, event)
+                commands += out
+            try:
+                saved = self._save(record, rollout, new, now, fenced=fenced)
+            except RolloutConflict:
+                self.stats.conflicts += 1
+                if attempt:
+                    log.warning("rollout %s: unsent reverts not saved", rollout.rollout_id)
+                    return record, rollout
+                record, rollout = self._load(rollout.rollout_id)
+                continue
+            self._execute(saved, commands, now, fenced=fenced)  # notes only
+            return saved, new
+        return record, rollout  # pragma: no cover
 
     def _direct(self, device_id: str, bundle: str, release: int, mode: str = MODE_ACTIVE) -> None:
         device = store.get_device(self.engine, device_id)
@@ -443,14 +586,35 @@ class RolloutService:
 
 def _operator(action: str, now: float, reason: str, by: str) -> Operator:
     if action == "pause":
-        return Pause(now, reason)
+        return Pause(now, reason, by)
     if action == "resume":
-        return Resume(now)
+        return Resume(now, by)
     if action == "approve":
         return Approve(now, by)
     if action == "cancel":
-        return Cancel(now, reason)
-    return Rollback(now, reason)
+        return Cancel(now, reason, by)
+    return Rollback(now, reason, by)
+
+
+HELD_IN_ROLLBACK = tuple(s.value for s in REVERT_OPEN)
+"""The devices a rollout that is rolling back still holds: those whose revert is open."""
+
+
+def _refuse_overlap(conn: Any, rollout: Rollout) -> None:
+    """Raise :class:`RolloutOverlap` when another active rollout holds any of the new
+    rollout's devices (checked in the transaction that stores it)."""
+    held: dict[tuple[str, str], builtins.list[str]] = {}
+    for other, phase, device_id, status in rollouts_on_devices(
+        conn, rollout.devices, RUNNING_PHASES
+    ):
+        if other == rollout.rollout_id:
+            continue
+        if phase == Phase.ROLLING_BACK.value and status not in HELD_IN_ROLLBACK:
+            continue
+        held.setdefault((other, phase), []).append(device_id)
+    if held:
+        (other, phase), devices = min(held.items())
+        raise RolloutOverlap(other, phase, sorted(devices))
 
 
 def _record(rollout: Rollout, revision: int) -> RolloutRecord:
@@ -484,5 +648,7 @@ def _device_rows(new: Rollout, old: Rollout | None) -> builtins.list[RolloutDevi
 def _note(record: RolloutRecord, index: int, now: float, note: Notify) -> EventRecord:
     payload = {"rollout_id": record.rollout_id, "kind": note.kind, "phase": note.phase,
                "wave": note.wave, "message": note.message}  # fmt: skip
+    if note.by:
+        payload["by"] = note.by
     event_id = f"{record.rollout_id}:{record.revision}:{index}"
     return EventRecord(record.rollout_id, event_id, now, NOTIFY_EVENT, payload)

@@ -348,9 +348,13 @@ def test_operator_actions_pause_resume_approve_cancel_and_refusals(
     view = s.service.act(rid, "rollback", "operator")
     assert view["phase"] == "rolling_back"
     reverts = {topics.device_of(t): (p, r) for t, p, r, _ in s.sent[before:]}
-    assert sorted(reverts) == sorted(assigned)
-    if "gw-new" in reverts:  # it ran nothing before: its directive is cleared
-        assert reverts["gw-new"] == (b"", True)
+    # it ran nothing before: nothing to send it back to; it is stuck, saying so
+    assert sorted(reverts) == sorted(d for d in assigned if d != "gw-new")
+    if "gw-new" in assigned:
+        (new,) = [d for d in view["devices"] if d["device_id"] == "gw-new"]
+        assert new["status"] == "stuck"
+        assert new["why"].startswith("no bundle to return to")
+        assert {"device_id": "gw-new", "why": new["why"]} in view["stuck"]
 
 
 def test_offline_devices_stay_pending_and_are_assigned_when_they_return(
@@ -562,7 +566,10 @@ def test_directives_are_retained_on_a_real_broker_with_their_expiry(
         view = s.service.act(rid, "rollback")
         assert view["phase"] == "rolling_back"
         after = _retained(mosquitto, ids, 0.5)
-        assert ids[2] not in after  # it ran nothing before: the directive is cleared
+        # it ran nothing before: nothing to send it back to; it keeps its directive and
+        # is stuck, saying why, until an operator resolves it
+        verify_directive(s.repo, after[ids[2]][0], ids[2], 2)
+        assert [x["device_id"] for x in view["stuck"]] == [ids[2]]
         for d in ids[:2]:
             verify_directive(s.repo, after[d][0], d, 1)
     finally:
