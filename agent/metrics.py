@@ -56,6 +56,28 @@ class AgentMetrics:
             "timeout, stalled, ended, unknown).",
             ["camera", "reason"], registry=r,
         )  # fmt: skip
+        self.camera_lost_packets = Counter(
+            "edgefleet_camera_lost_packets",
+            "RTP packets of a camera's video that never came (its ffmpeg decoder's count).",
+            ["camera"], registry=r,
+        )  # fmt: skip
+        self.camera_decode_errors = Counter(
+            "edgefleet_camera_decode_errors",
+            "Warnings and errors of a camera's video decoder (ffmpeg child), concealment "
+            "not included.",
+            ["camera"], registry=r,
+        )  # fmt: skip
+        self.camera_concealed_frames = Counter(
+            "edgefleet_camera_concealed_frames",
+            "Frames of a camera the decoder decoded with a concealed hole.",
+            ["camera"], registry=r,
+        )  # fmt: skip
+        self.camera_damaged_frames = Counter(
+            "edgefleet_camera_damaged_frames",
+            "Frames read while the decoder reported damage for them, by action: kept "
+            "(published) or skipped (damaged_frames = skip).",
+            ["camera", "action"], registry=r,
+        )  # fmt: skip
         self.fps = Gauge(
             "edgefleet_camera_fps", "Measured frames per second of a camera.", ["camera"],
             registry=r,

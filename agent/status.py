@@ -53,8 +53,10 @@ def camera_health(s: CameraStats) -> dict[str, Any]:
     """A camera on /healthz: up; ``failure``, the reason word it is down for now ("" while
     it delivers frames); ``last_failure``, the last one with when and why, kept
     after it recovered (null if it never failed); the failures by reason; and (RTSP) the
-    decoder that runs and the ones passed over, with why. A camera that is down does not
-    make the agent unhealthy (it is reopened; /readyz says not ready)."""
+    decoder that runs and the ones passed over, with why; and the damage its decoder
+    reported (lost packets, decode errors, concealed, damaged and skipped frames, and
+    whether it is counted at all). A camera that is down does not make the agent
+    unhealthy (it is reopened; /readyz says not ready)."""
     last = None
     if s.last_failure:
         at = datetime.fromtimestamp(s.last_failure_at, timezone.utc).isoformat(timespec="seconds")
@@ -66,6 +68,7 @@ def camera_health(s: CameraStats) -> dict[str, Any]:
         "failures": dict(s.failures),
         "decoder": s.decoder,
         "decoders_passed_over": dict(s.decoders_passed_over),
+        "damage": dataclasses.asdict(s.damage),
     }
 
 
@@ -135,8 +138,8 @@ def agent_stats(
 
 
 def update_camera_metrics(m: AgentMetrics, name: str, s: CameraStats) -> None:
-    """Set camera ``name``'s metrics from its stats: up, fps, frames, drops, reopens and
-    failures by reason word."""
+    """Set camera ``name``'s metrics from its stats: up, fps, frames, drops, reopens,
+    failures by reason word, and (where its decoder reports it) damage."""
     m.camera_up.labels(camera=name).set(1 if s.up else 0)
     m.fps.labels(camera=name).set(s.fps_measured)
     m.set_counter(m.frames, s.frames_captured, camera=name)
@@ -144,6 +147,14 @@ def update_camera_metrics(m: AgentMetrics, name: str, s: CameraStats) -> None:
     m.set_counter(m.camera_reopens, s.reopens, camera=name)
     for reason, count in s.failures.items():
         m.set_counter(m.camera_failures, count, camera=name, reason=reason)
+    d = s.damage
+    if d.counted or d.damaged_frames:
+        m.set_counter(m.camera_lost_packets, d.lost_packets, camera=name)
+        m.set_counter(m.camera_decode_errors, d.decode_errors, camera=name)
+        m.set_counter(m.camera_concealed_frames, d.concealed_frames, camera=name)
+        kept = d.damaged_frames - d.skipped_frames
+        m.set_counter(m.camera_damaged_frames, kept, camera=name, action="kept")
+        m.set_counter(m.camera_damaged_frames, d.skipped_frames, camera=name, action="skipped")
 
 
 def update_hotpath_gauges(

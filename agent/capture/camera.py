@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from agent.capture.backoff import Backoff
 from agent.capture.config import CameraConfig
+from agent.capture.damage import DamageCounts
 from agent.capture.decoders import DecodedSource, Decoding
 from agent.capture.frame import Frame
 from agent.capture.latest import LatestSlot
@@ -63,6 +64,9 @@ class CameraStats:
         decoder: what decodes an RTSP camera's video (``software``, ``vaapi``,
             ``software (key frames)``...; "" for other kinds or before the first open).
         decoders_passed_over: decoders that could not run for this camera, with why.
+        damage: lost packets, decode errors, concealed, damaged and skipped frames
+            (:mod:`agent.capture.damage`; ``counted`` is false where the decoder that
+            runs reports none).
     """
 
     frames_captured: int
@@ -82,6 +86,7 @@ class CameraStats:
     last_failure_at: float = 0.0
     decoder: str = ""
     decoders_passed_over: Mapping[str, str] = field(default_factory=dict)
+    damage: DamageCounts = field(default_factory=DamageCounts)
 
 
 class Camera:
@@ -191,6 +196,7 @@ class Camera:
                 last_failure_at=self._last_failure_at,
                 decoder=self._decoding.running if self._decoding else "",
                 decoders_passed_over=dict(self._decoding.passed_over) if self._decoding else {},
+                damage=self._decoding.damage.snapshot() if self._decoding else DamageCounts(),
             )
 
     def _drop_ratio(self) -> float:
@@ -294,6 +300,9 @@ class Camera:
                 self._stop.wait(min(_IDLE_WAIT_S, period_ns / 1e9))
                 continue
             last_frame_ns = t_ns
+            if source.last_damaged and c.damaged_frames == "skip" and self._decoding:
+                self._decoding.damage.skipped()  # decoded with damage: not decided on
+                continue
             if source.live:
                 if t_ns + period_ns // 20 < next_ns:
                     with self._lock:

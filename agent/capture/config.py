@@ -133,6 +133,16 @@ class CameraConfig(Section):
             "every second or two. Needs Debian's ffmpeg; without it every frame is decoded."
         ),
     )
+    damaged_frames: Literal["keep", "skip"] = Field(
+        "keep",
+        description=(
+            "RTSP: what to do with a frame decoded while the decoder reported damage "
+            "(lost packets, a decode error, a concealed hole): keep (publish it, counted) "
+            "or skip (not published, counted). Damage is counted by an ffmpeg decoder "
+            "child: a camera with transport udp or auto, or with skip, decodes in one "
+            "(needs Debian's ffmpeg; vaapi and keyframes_only run one anyway)."
+        ),
+    )
     username: str = Field(
         "",
         max_length=256,
@@ -210,7 +220,15 @@ class CameraConfig(Section):
                 f"decoder and keyframes_only apply to rtsp cameras only, not {self.kind} "
                 "(other kinds decode in software)"
             )
+        if self.kind != "rtsp" and self.damaged_frames != "keep":
+            raise ValueError(f"damaged_frames applies to rtsp cameras only, not {self.kind}")
         return self
+
+
+def counts_damage(config: CameraConfig) -> bool:
+    """Whether the camera's video is decoded where its damage can be counted (an ffmpeg
+    child): it travels over UDP (transport udp or auto), or its damaged frames are skipped."""
+    return config.kind == "rtsp" and (config.transport != "tcp" or config.damaged_frames == "skip")
 
 
 def _has_password(uri: str) -> bool:

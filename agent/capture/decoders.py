@@ -11,7 +11,8 @@ first:
   (``nvv4l2decoder`` on Jetson); for a camera with a password, fed by an ``ffmpeg`` child
   that reads the camera (no secret on a command line: :mod:`agent.capture.pipe`);
 - ``software``: OpenCV's FFmpeg in process (with ``keyframes_only``: an ``ffmpeg
-  -skip_frame nokey`` child).
+  -skip_frame nokey`` child; for a camera whose damage is counted, UDP or
+  ``damaged_frames = "skip"``: an ``ffmpeg`` child, :mod:`agent.capture.damage`).
 
 A decoder whose program or device is missing is passed over before anything is started.
 One that fails to open is tried against software: if the camera opens in software, the
@@ -30,7 +31,8 @@ import threading
 
 import cv2
 
-from agent.capture.config import CameraConfig
+from agent.capture.config import CameraConfig, counts_damage
+from agent.capture.damage import Damage
 from agent.capture.pipe import PipeSource, StreamInfo, ffmpeg_argv, gst_argv, printable
 from agent.capture.rtsp import failure_of
 from agent.capture.sources import Image, Source, VideoCaptureSource
@@ -74,6 +76,7 @@ class Decoding:
         self.passed_over: dict[str, str] = {}
         self.running = ""
         self.info: StreamInfo | None = None
+        self.damage = Damage()
         self._strikes: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -171,13 +174,16 @@ class DecodedSource(Source):
                 d.pass_over(decoder, why, tried=False)
             elif self._try(decoder):
                 return
-        if c.keyframes_only and KEYFRAMES not in d.passed_over:
+        child = c.keyframes_only or counts_damage(c)
+        if child and KEYFRAMES not in d.passed_over:
             if shutil.which("ffmpeg") is None:
-                d.pass_over(KEYFRAMES, "no ffmpeg program: every frame is decoded")
+                why = "every frame is decoded" if c.keyframes_only else "damage is not counted"
+                d.pass_over(KEYFRAMES, f"no ffmpeg program: {why}")
             elif self._try(KEYFRAMES):
                 return
         self._inner = VideoCaptureSource(c)
         self._inner.open()
+        d.damage.counted = False
         d.now_running(SOFTWARE, "OpenCV FFmpeg, in process")
 
     def _try(self, decoder: str, *, again: bool = False) -> bool:
@@ -219,6 +225,7 @@ class DecodedSource(Source):
             d.pass_over(decoder, why)
             return False
         self._inner = source
+        d.damage.counted = isinstance(source, PipeSource) and source.damage is not None
         d.strike(decoder, clear=True)
         d.now_running(label, how)
         return True
@@ -235,16 +242,21 @@ class DecodedSource(Source):
         if decoder == "gstreamer":
             stages = gst_argv(c, info, video.gst_decoder, video.gst_convert)
             label = f"gstreamer ({video.gst_decoder})"
-            return PipeSource(c, stages, info), label, printable(stages)
+            return PipeSource(c, stages, info), label, printable(stages)  # GStreamer: -q
         device = video.vaapi_device if decoder == "vaapi" else None
         stages = ffmpeg_argv(c, info, vaapi_device=device, keyframes_only=c.keyframes_only)
         label = "software" if decoder == KEYFRAMES else decoder
-        return PipeSource(c, stages, info), label + keyframes, printable(stages)
+        if decoder == KEYFRAMES and not c.keyframes_only:
+            keyframes = " (ffmpeg)"
+        child = PipeSource(c, stages, info, self.decoding.damage)
+        return child, label + keyframes, printable(stages)
 
     def read(self) -> Image | None:
         if self._inner is None:
             raise CaptureError(self.config.name, "read before open")
-        return self._inner.read()
+        image = self._inner.read()
+        self.last_damaged = self._inner.last_damaged
+        return image
 
     def close(self) -> None:
         inner, self._inner = self._inner, None

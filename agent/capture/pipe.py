@@ -36,6 +36,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import numpy as np
 
 from agent.capture.config import CameraConfig
+from agent.capture.damage import Damage
 from agent.capture.rtsp import SourceFailure, password, plain_zone, stream_url
 from agent.capture.sources import Image, Source, redact
 
@@ -136,7 +137,7 @@ def ffmpeg_argv(
     Raises:
         SourceFailure: the password's secret is missing.
     """
-    argv = ["ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "error"]
+    argv = ["ffmpeg", "-hide_banner", "-nostdin", "-loglevel", "warning"]
     if vaapi_device is not None:
         argv += ["-hwaccel", "vaapi", "-hwaccel_device", vaapi_device]
     if keyframes_only:
@@ -237,9 +238,18 @@ class PipeSource(Source):
 
     live = True
 
-    def __init__(self, config: CameraConfig, stages: list[Stage], info: StreamInfo) -> None:
+    def __init__(
+        self,
+        config: CameraConfig,
+        stages: list[Stage],
+        info: StreamInfo,
+        damage: Damage | None = None,
+    ) -> None:
         super().__init__(config)
         self.stages = stages
+        self.damage = damage
+        """Counts what the last child says of damage (an ffmpeg child), read with the frames."""
+        self._err_buf = b""
         self.info = info
         self.program = " | ".join(stage.argv[0] for stage in stages)
         self._frame_bytes = info.width * info.height * 3
@@ -280,10 +290,11 @@ class PipeSource(Source):
                 if stage.stdin is not None and proc.stdin is not None:
                     with proc.stdin:  # a few hundred bytes: within the pipe's buffer
                         proc.stdin.write(stage.stdin)
-                threading.Thread(
-                    target=self._drain_stderr, args=(proc,), name=f"camera-{c.name}-stderr",
-                    daemon=True,
-                ).start()  # fmt: skip
+                if self.damage is None or stage is not self.stages[-1]:
+                    threading.Thread(
+                        target=self._drain_stderr, args=(proc,), name=f"camera-{c.name}-stderr",
+                        daemon=True,
+                    ).start()  # fmt: skip
                 previous = proc
         except OSError as e:
             self.close()
@@ -299,6 +310,39 @@ class PipeSource(Source):
                 if line:
                     self._stderr.append(scrub(line, self._secrets))
 
+    def _keep(self, line: str) -> None:
+        line = scrub(line, self._secrets)
+        self._stderr.append(line)
+        if self.damage is not None:
+            self.damage.line(line)
+
+    def _read_errors(self, proc: subprocess.Popen[bytes], wait_s: float = 0.0) -> bool:
+        """Read what the last child wrote to its error output (when its damage is counted,
+        in the capture thread, so that damage reported before a frame is seen with it);
+        False at its end."""
+        err = proc.stderr
+        if self.damage is None or err is None or err.closed:
+            return False
+        for _ in range(64):  # bounded: 4 MiB at most per call
+            if not select.select([err], [], [], wait_s)[0]:
+                break
+            chunk = os.read(err.fileno(), 65536)
+            if not chunk:
+                if self._err_buf:
+                    self._keep(self._err_buf.decode("utf-8", "replace").strip())
+                    self._err_buf = b""
+                err.close()
+                return False
+            *lines, self._err_buf = (self._err_buf + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").strip()
+                if line:
+                    self._keep(line)
+            if len(self._err_buf) > 65536:  # a line without end: keep its start
+                self._keep(self._err_buf[:512].decode("utf-8", "replace"))
+                self._err_buf = b""
+        return True
+
     def _why(self) -> str:
         return " | ".join(redact(line) for line in self._stderr) or "no error output"
 
@@ -312,9 +356,17 @@ class PipeSource(Source):
         stream = cast("io.RawIOBase", proc.stdout)
         got = 0
         deadline = time.monotonic() + timeout_s
+        watch: list[io.BufferedReader] = [cast("io.BufferedReader", proc.stdout)]
+        if self.damage is not None and proc.stderr is not None and not proc.stderr.closed:
+            watch.append(cast("io.BufferedReader", proc.stderr))
         while got < self._frame_bytes:
             left = deadline - time.monotonic()
-            ready = select.select([proc.stdout], [], [], max(0.0, left))[0] if left > 0 else []
+            ready = select.select(watch, [], [], max(0.0, left))[0] if left > 0 else []
+            if proc.stderr is not None and proc.stderr in ready:
+                if not self._read_errors(proc):
+                    watch = watch[:1]
+                if proc.stdout not in ready:
+                    continue
             if not ready:
                 failure = "timeout" if opening else "stalled"
                 raise SourceFailure(
@@ -327,11 +379,15 @@ class PipeSource(Source):
                 except subprocess.TimeoutExpired:
                     rc = None
                 time.sleep(0.05)  # its last words may still be on their way to the log
+                self._read_errors(proc, wait_s=0.2)
                 why = self._why()
                 raise SourceFailure(
                     c.name, failure_from(why), f"{self.program} exited ({rc}): {why}"
                 )
             got += n
+        if self.damage is not None:
+            self._read_errors(proc)  # what it said before this frame was written
+            self.last_damaged = self.damage.frame()
         return image
 
     def read(self) -> Image | None:

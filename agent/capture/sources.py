@@ -73,12 +73,16 @@ class Source(ABC):
     """One capture source. ``read`` blocks at most about the configured timeouts.
 
     Attributes:
+        last_damaged: see below.
         live: True for sources that deliver at their own pace (devices, streams); the
             camera reads them as fast as they come. False for files, images and
             patterns, which the camera reads at its target fps.
     """
 
     live: bool = False
+    last_damaged: bool = False
+    """The frame ``read`` returned last was decoded with damage its decoder reported
+    (:mod:`agent.capture.damage`; only sources that count damage set it)."""
 
     def __init__(self, config: CameraConfig) -> None:
         self.config = config
