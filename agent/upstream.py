@@ -18,7 +18,7 @@ from typing import Any
 from agent.config import AgentConfig
 from agent.decisionlog import DecisionLog
 from agent.directives.host import RunningAgent
-from agent.directives.report import reported_state
+from agent.directives.report import configured_bundles, reported_state
 from agent.directives.service import DirectivesService
 from agent.enrollment.identity import Identity
 from agent.installer import Installer
@@ -111,12 +111,13 @@ class Upstream:
             self.problems.append(Problem("uplink", "not enrolled: run edge-agent enroll"))
             return
         labels = dict(self.identity.labels)
+        configured = configured_bundles(self.config)
         try:
             self.uplink = Uplink(
                 self.config.agent.device_id,
                 self.identity,
                 cfg,
-                state=lambda: reported_state(profile_name, installer, labels),
+                state=lambda: reported_state(profile_name, installer, labels, configured),
                 health=health,
                 decision_log=decision_log,
                 sysinfo=SysInfo(state_dir, pids=worker_pids),

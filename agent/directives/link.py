@@ -8,7 +8,12 @@ shadow slot (:meth:`Installer.install_shadow`): staged, loaded, warmed up and
 benchmarked, never switched. A shadow of the active release is a no-op (nothing to
 compare). Any other verified directive for the bundle (a switch, or a revert to the
 running release) empties its shadow slot once it is handled. Every report of a verified
-directive says its ``mode``."""
+directive says its ``mode``.
+
+A directive with ``mode = "revert"`` sends the device back to a release: a rollback to
+the previous slot when that slot holds it, else fetched, verified and installed like any
+assign, though it is below the committed release (the fleet signed that it wants it:
+e.g. the bundle the device was set up with, which no slot holds)."""
 
 from __future__ import annotations
 
@@ -127,6 +132,8 @@ def apply_directive(
     elif previous_slot_holds(installer, a.name, a.release, a.hashes.get("sha256", "")):
         out = _revert(client, installer, a, report)
     else:
+        # a revert whose release no slot holds (e.g. the bundle the device was set up
+        # with) is fetched and installed like any assign; the directive allows it lower
         out = _install(client, installer, a, report, staging_root, source, probe_factory)
     return out if a.shadow else _end_shadow(installer, a.name, out)
 
@@ -253,7 +260,7 @@ def _install(
     try:
         bundle_dir = client.download_bundle(a, staging)
         probe = probe_factory(a.name) if probe_factory is not None else None
-        result = installer.install(bundle_dir, source=source, health_probe=probe)
+        result = installer.install(bundle_dir, source=source, health_probe=probe, revert=a.revert)
     except UpdateError as e:
         log.error("bundle %s release %d refused at %s: %s", a.name, a.release, e.step, e.reason)  # noqa: TRY400
         return report | {"outcome": "refused", "step": e.step, "reason": e.reason}

@@ -157,11 +157,14 @@ class Installer:
         source: str,
         health_probe: health.HealthProbe | None = None,
         health_window_s: float | None = None,
+        revert: bool = False,
     ) -> InstallResult:
         """Install the (already verified) bundle in ``bundle_dir``.
 
         ``source`` says where it came from (recorded and reported). ``health_probe``
         watches the new bundle after the switch (default: run it in the trial pool).
+        ``revert``: the fleet signed a revert to this release, which may be below the
+        committed one (:func:`machine.plan_install`).
 
         Raises:
             InstallError: refused or failed at a step; the previous slot is active again.
@@ -181,7 +184,7 @@ class Installer:
         try:
             self._recover_locked(name, d)
             window = self.config.health_window_s if health_window_s is None else health_window_s
-            return self._install_locked(d, src, source, health_probe, window)
+            return self._install_locked(d, src, source, health_probe, window, revert)
         except OSError as exc:  # recovery or planning; the steps turn their own
             raise InstallError(
                 Step.PLAN.value, f"{exc.strerror or exc} ({exc.filename})", name
@@ -190,7 +193,13 @@ class Installer:
             lock.release()
 
     def _install_locked(
-        self, d: Path, src: Bundle, source: str, probe: health.HealthProbe | None, window: float
+        self,
+        d: Path,
+        src: Bundle,
+        source: str,
+        probe: health.HealthProbe | None,
+        window: float,
+        revert: bool = False,
     ) -> InstallResult:
         name = src.manifest.name
         target = slots.bundle_id(src)
@@ -209,7 +218,7 @@ class Installer:
         )
         try:
             src.check_profile(self.profile_name)
-            plan = machine.plan_install(pointer, committed, target)
+            plan = machine.plan_install(pointer, committed, target, revert=revert)
         except BundleError as exc:
             plan = machine.Plan(machine.PlanKind.REFUSE, reason=exc.reason)
         if plan.kind is machine.PlanKind.NOOP and good is not None and committed is not None:

@@ -220,17 +220,21 @@ class Plan:
     reason: str = ""
 
 
-def plan_install(pointer: Pointer | None, committed: BundleId | None, target: BundleId) -> Plan:
+def plan_install(
+    pointer: Pointer | None, committed: BundleId | None, target: BundleId, *, revert: bool = False
+) -> Plan:
     """Decide what installing ``target`` means given the committed bundle.
 
     The same release with the same digest is a no-op; a lower release, or the same
     release with other content, is refused (rollback protection); anything else is
-    installed into the slot that is not the committed one.
+    installed into the slot that is not the committed one. ``revert``: the fleet signed
+    a directive sending the device back to ``target`` (``mode = "revert"``), so a lower
+    release is installed too (the same release with other content is still refused).
     """
     if committed is not None:
         if target.release == committed.release and target.digest == committed.digest:
             return Plan(PlanKind.NOOP, reason=f"release {target.release} is already committed")
-        if target.release < committed.release:
+        if target.release < committed.release and not revert:
             return Plan(
                 PlanKind.REFUSE,
                 reason=f"release {target.release} ({target.version}) is lower than the "

@@ -22,7 +22,13 @@ from tuf.ngclient.config import UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 from tuf.ngclient.updater import Updater
 
-from agent.update.directive import MODE_ACTIVE, duplicate_keys, verify_directive
+from agent.update.directive import (
+    MODE_ACTIVE,
+    MODE_REVERT,
+    MODE_SHADOW,
+    duplicate_keys,
+    verify_directive,
+)
 from agent.update.download import custom_of, describe, download_bundle, targetinfo
 from agent.update.errors import (
     STEP_REFRESH,
@@ -101,7 +107,13 @@ class Assignment:
     @property
     def shadow(self) -> bool:
         """Whether the directive installs into the shadow slot (never switches)."""
-        return self.mode != MODE_ACTIVE
+        return self.mode == MODE_SHADOW
+
+    @property
+    def revert(self) -> bool:
+        """Whether the fleet sends the device back to this release (it may be below the
+        committed one; installed like any assign when no slot holds it)."""
+        return self.mode == MODE_REVERT
 
 
 class BundleClient:

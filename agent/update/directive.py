@@ -4,8 +4,10 @@ A directive is a TUF ``Metadata[Targets]`` document: ``signed.version`` is the m
 counter, ``signed.expires`` the expiry, ``signed.targets`` holds exactly one
 ``bundles/<name>/<release>/manifest.json`` with its length and hashes, and
 ``signed.custom`` names the device and its hardware class, and its ``mode``: ``active``
-(install and switch; the default when absent) or ``shadow`` (install into the shadow slot
-beside the active bundle, run on sampled frames, never act). Its signatures are checked
+(install and switch; the default when absent), ``revert`` (install and switch even below
+the committed release: the fleet sends the device back, e.g. to the bundle it was set up
+with) or ``shadow`` (install into the shadow slot beside the active bundle, run on
+sampled frames, never act). Its signatures are checked
 with the trusted top-level targets' delegation to the role ``director``
 (``Targets.verify_delegate``) — no hand-written cryptography. This module checks what a
 directive says; the counter, expiry and release rules that need the device's state are
@@ -32,7 +34,8 @@ from agent.wire.manifest import MANIFEST_NAME
 DIRECTOR_ROLE = "director"
 MODE_ACTIVE = "active"
 MODE_SHADOW = "shadow"
-MODES = (MODE_ACTIVE, MODE_SHADOW)
+MODE_REVERT = "revert"
+MODES = (MODE_ACTIVE, MODE_REVERT, MODE_SHADOW)
 MAX_DIRECTIVE_BYTES = 64 * 1024
 BUNDLES_PREFIX = "bundles"
 _TARGET = re.compile(
@@ -105,7 +108,8 @@ class Directive:
         name, release: the bundle and release it assigns.
         length, hashes: of the manifest target, as the director signed them.
         digest: sha256 of the signed part; equal digests are the same directive.
-        mode: ``active`` (install and switch) or ``shadow`` (install into the shadow slot).
+        mode: ``active`` (install and switch), ``revert`` (install and switch, also below
+            the committed release) or ``shadow`` (install into the shadow slot).
     """
 
     counter: int
