@@ -33,16 +33,18 @@ import json
 import logging
 import math
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from agent.wire import topics
 from agent.wire.messages import EVENT_INSTALL
 from fleet_server.db import store
 from fleet_server.db.store import Device, EventRecord
+from fleet_server.db.tables import decision_reviews
 from fleet_server.quality.shadowrecords import StoredShadow, contradiction, stored_shadow
 from fleet_server.review.labels import labelled_accuracy
 from fleet_server.rollout.events import DeviceReport, InstallOutcome, ShadowReport
@@ -314,13 +316,38 @@ def rollout_lines(rollout: Rollout) -> set[str]:
 
 def label_counts(engine: Engine, rollout: Rollout, base_versions: Iterable[str]) -> LabelCounts:
     """Review labels of the target version and of ``base_versions`` (what the rollout's
-    devices ran before) of the target's bundle, on the rollout's devices' lines (every
-    line when none of its devices has a ``line`` label)."""
-    lines = sorted(rollout_lines(rollout)) or None
+    devices ran before) of the target's bundle, on the decisions of the devices enrolled
+    on the rollout's devices' lines (the registry's ``line`` label, never the line a
+    decision names; every device when none of the rollout's devices has a line)."""
+    lines = sorted(rollout_lines(rollout))
+    devices = None
+    if lines:
+        devices = sorted(
+            {d.device_id for line in lines for d in store.list_devices(engine, {"line": line})}
+        )
     name, version = rollout.target.name, rollout.spec.version
-    confirmed, reviewed = labelled_accuracy(engine, name, version, lines)
+    confirmed, reviewed = labelled_on_devices(engine, name, version, devices)
     base_confirmed = base_reviewed = 0
     for old in sorted(set(base_versions) - {version}):
-        ok, n = labelled_accuracy(engine, name, old, lines)
+        ok, n = labelled_on_devices(engine, name, old, devices)
         base_confirmed, base_reviewed = base_confirmed + ok, base_reviewed + n
     return LabelCounts(confirmed, reviewed, base_confirmed, base_reviewed)
+
+
+def labelled_on_devices(
+    engine: Engine, name: str, version: str, devices: Sequence[str] | None
+) -> tuple[int, int]:
+    """``(confirmed, reviewed)`` of ``name`` ``version``'s reviewed decisions of
+    ``devices`` (None: every device's; ``[]``: none)."""
+    if devices is None:
+        return labelled_accuracy(engine, name, version, None)
+    if not devices:
+        return 0, 0
+    r = decision_reviews
+    ok = sa.func.coalesce(sa.func.sum(sa.case((r.c.decided == r.c.outcome, 1), else_=0)), 0)
+    query = sa.select(ok, sa.func.count()).where(
+        r.c.model_name == name, r.c.model_version == version, r.c.device_id.in_(devices)
+    )
+    with engine.connect() as conn:
+        confirmed, reviewed = conn.execute(query).one()
+    return int(confirmed), int(reviewed)

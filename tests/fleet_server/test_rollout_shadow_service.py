@@ -38,10 +38,14 @@ def _directive(payload: bytes) -> tuple[int, dict[str, Any]]:
     return release, signed.unrecognized_fields["custom"]
 
 
-def _published(s: Setup, since: int) -> list[tuple[str, int, str]]:
-    """(device, release, mode) of the directives published after ``since``."""
-    out = []
+def _published(s: Setup, since: int) -> list[tuple[str, int | None, str]]:
+    """(device, release, mode) of the directives published after ``since`` (None,
+    "clear": the directive emptied)."""
+    out: list[tuple[str, int | None, str]] = []
     for topic, payload, _, _ in s.sent[since:]:
+        if not payload:
+            out.append((topics.device_of(topic), None, "clear"))
+            continue
         release, custom = _directive(payload)
         out.append((topics.device_of(topic), release, custom.get("mode", "active")))
     return out
@@ -153,13 +157,13 @@ def test_a_disagreeing_candidate_is_stopped_with_its_shadows_cleared_and_nothing
     before = len(s.sent)
     reverted = s.tick()
     assert sorted(reverted) == ["gw-1", "gw-2"]
-    # the revert names what they run (release 1): the agent empties its shadow slot
-    assert sorted(_published(s, before)) == [("gw-1", 1, "active"), ("gw-2", 1, "active")]
+    # they never switched: their directive is cleared and the agent empties its shadow slot
+    assert sorted(_published(s, before)) == [("gw-1", None, "clear"), ("gw-2", None, "clear")]
     view = s.service.get(rid)
     assert view["phase"] in ("rolling_back", "rolled_back")
     assert "agreement 0.7000" in view["reason"]
     assert "n=100" in view["reason"]  # the more agreeing device's own records fail too
     assert "upper bound" in view["reason"]
-    assert all(release == 1 or mode == "shadow" for _, release, mode in _published(s, 0))
+    assert all(release != 2 or mode == "shadow" for _, release, mode in _published(s, 0))
     s.tick()
     assert s.service.get(rid)["phase"] == "rolled_back"

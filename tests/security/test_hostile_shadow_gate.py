@@ -15,30 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
-from agent.wire import topics
 from agent.wire.messages import Health
 from agent.wire.quality import ShadowSummary
 from fleet_server.db import store
 from fleet_server.repository import KeyStore, Repository
 from tests.fleet_server.quality.shadow_data import compared
 from tests.fleet_server.test_rollout_service import Setup, db, fleet  # noqa: F401
-from tests.fleet_server.test_rollout_shadow_service import SPEC, _directive, _shadow_install
+from tests.fleet_server.test_rollout_shadow_service import SPEC, _published, _shadow_install
 
 ATTACKER = "atk"
 VICTIMS = ["v1", "v2"]
 FRAMES = 200  # each victim's comparisons (shadow_min is 100)
-
-
-def _published(s: Setup) -> list[tuple[str, int | None, str]]:
-    """(device, release, mode) of every directive published (None, "clear": emptied)."""
-    out: list[tuple[str, int | None, str]] = []
-    for topic, payload, _, _ in s.sent:
-        if not payload:
-            out.append((topics.device_of(topic), None, "clear"))
-            continue
-        release, custom = _directive(payload)
-        out.append((topics.device_of(topic), release, custom.get("mode", "active")))
-    return out
 
 
 def _claim(s: Setup, n: int, agree: int) -> None:
@@ -133,7 +120,7 @@ def test_a_lying_device_cannot_pass_a_candidate_the_others_reject(
     view = _wave(s, ATTACKS[name], good=False)
     assert view["phase"] in ("rolling_back", "rolled_back"), view["reason"]
     assert "upper bound < min_agreement" in view["reason"]
-    assert not [p for p in _published(s) if p[1] == 2 and p[2] == "active"]  # none switched
+    assert not [p for p in _published(s, 0) if p[1] == 2 and p[2] == "active"]  # none switched
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
@@ -145,7 +132,7 @@ def test_a_lying_device_cannot_veto_a_candidate_the_others_accept(
     s = Setup(db, fleet)
     view = _wave(s, ATTACKS[name], good=True)
     assert "shadow passed" in view["reason"] or view["phase"] == "completed", view["reason"]
-    switched = {d for d, release, mode in _published(s) if release == 2 and mode == "active"}
+    switched = {d for d, release, mode in _published(s, 0) if release == 2 and mode == "active"}
     assert switched == {ATTACKER, *VICTIMS}
 
 
