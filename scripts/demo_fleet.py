@@ -66,7 +66,7 @@ kind = "file"
 uri = "{video}"
 fps = 10
 loop = true
-line = "line1"
+line = "1"  # the line it is enrolled on (--labels line=1): drift is kept for that line only
 
 [[pipelines]]
 name = "label-orientation"
