@@ -5,7 +5,8 @@ The API checks that a rollout exists (404) before it calls :meth:`RolloutOps.get
 :meth:`RolloutOps.act`. Errors from the service map to statuses: :class:`ActionRefused`
 and :class:`~fleet_server.db.RolloutConflict` → 409, any other
 :class:`~fleet_server.rollout.RolloutError` → 400,
-:class:`~fleet_server.db.StorageError` → 503.
+:class:`~fleet_server.db.StorageError` → 503. A rollout refused because another active
+rollout holds its devices (:class:`fleet_server.rollout.service.RolloutOverlap`) → 409.
 
 A rollout is answered as a JSON object; :class:`fleet_server.api.models.RolloutOut` names
 the keys the API documents and ``fleetctl rollouts status`` reads (``rollout_id``,
@@ -62,11 +63,31 @@ class RolloutOps(Protocol):
         """Every rollout, oldest first (without per-device detail if that is costly)."""
         ...
 
-    def act(self, rollout_id: str, action: Action, reason: str) -> dict[str, Any]:
-        """Apply an operator action; return the rollout after it.
+    def act(self, rollout_id: str, action: Action, reason: str, *, by: str = "") -> dict[str, Any]:
+        """Apply an operator action (``by``: who, kept with it); return the rollout after.
 
         Raises:
             ActionRefused: the action does not apply in the rollout's phase.
             RolloutConflict: the rollout changed while the action was applied (retry).
+        """
+        ...
+
+    def resolve(
+        self,
+        rollout_id: str,
+        device_id: str,
+        how: str,
+        *,
+        release: int | None = None,
+        reason: str = "",
+        by: str = "",
+    ) -> dict[str, Any]:
+        """Resolve a stuck (or reverting) device of a rollout that is rolling back:
+        ``retry``, ``assign`` (``release``) or ``accept``; kept with ``by``. Returns the
+        rollout after it.
+
+        Raises:
+            RolloutError: it does not apply (not rolling back, device not stuck, ...).
+            RolloutConflict: the rollout changed meanwhile (retry).
         """
         ...

@@ -26,6 +26,7 @@ from fleet_server.rollout import (
     Cancel,
     DeviceInfo,
     Pause,
+    Resolve,
     Resume,
     Rollback,
     RolloutError,
@@ -161,7 +162,28 @@ class LocalRolloutOps:
             for r in store.list_rollouts(self.ctx.engine)
         ]
 
-    def act(self, rollout_id: str, action: str, reason: str) -> dict[str, Any]:
+    def resolve(
+        self,
+        rollout_id: str,
+        device_id: str,
+        how: str,
+        *,
+        release: int | None = None,
+        reason: str = "",
+        by: str = "",
+    ) -> dict[str, Any]:
+        record = self._record(rollout_id)
+        rollout = from_dict(record.controller_state)
+        event = Resolve(time.time(), device_id, how, release, by, reason)
+        why = refusal(rollout, event)
+        if why is not None:
+            raise ActionRefused(rollout_id, "resolve", why)
+        rollout, _ = step(rollout, event)
+        updated = replace(record, state=rollout.phase.value, controller_state=to_dict(rollout))
+        store.save_rollout(self.ctx.engine, updated)
+        return self.get(rollout_id)
+
+    def act(self, rollout_id: str, action: str, reason: str, *, by: str = "") -> dict[str, Any]:
         record = self._record(rollout_id)
         rollout = from_dict(record.controller_state)
         now = time.time()
