@@ -11,6 +11,7 @@ CAP_NET_ADMIN and CAP_SYS_ADMIN); :func:`netns_supported` says whether this user
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -26,6 +27,9 @@ PREFIX = "efhil"
 BRIDGE = f"{PREFIX}-br"
 _CANDIDATES = tuple(ipaddress.IPv4Network(f"10.{b}.{c}.0/24") for b in (231, 232) for c in range(8))
 MAX_DEVICES = 200
+SUBNET_LOCK = Path("/run/lock/efhil-subnet.lock")
+"""Held while a free /24 is picked and its bridge made: ``hil run`` and the tests' LANs
+(``make test`` and ``make hil`` run side by side in CI) never pick the same one."""
 
 
 def _ip(*args: str, timeout_s: float = 10.0) -> str:
@@ -73,6 +77,26 @@ def pick_subnet() -> ipaddress.IPv4Network:
         if not any(net.overlaps(u) for u in used):
             return net
     raise HilError("no free /24 for the simulated LAN in 10.231-232.0-7.0/24")
+
+
+def create_lan(name: str = BRIDGE) -> Lan:
+    """A bridge ``name`` on a free /24 (:func:`pick_subnet`), picked and made under
+    :data:`SUBNET_LOCK`, so that two processes making a LAN at once never share a subnet.
+
+    Raises:
+        HilError: no free /24.
+        CommandFailed: ``ip`` refused (no bridge support, not root).
+    """
+    SUBNET_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with SUBNET_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lan = Lan(pick_subnet(), name=name)
+        try:
+            lan.create()
+        except BaseException:
+            lan.destroy()
+            raise
+    return lan
 
 
 def cleanup_stale(names: Collection[str] | None = None) -> list[str]:

@@ -97,8 +97,7 @@ def run(opts: RunOptions, say: Callable[[str], None]) -> Report:
     fleet: Fleet | None = None
     try:
         if target is None:
-            lan = netns.Lan(netns.pick_subnet())
-            lan.create()
+            lan = netns.create_lan()
             fleet = Fleet(workdir / "fleet", broker_host=lan.host_ip)
         else:
             host = str(opts.fleet_host)

@@ -14,11 +14,14 @@ packages the part does not run (hil; fleet_server in the agent) are left out.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from buildroot import BuildRootError, build_wheel
@@ -95,9 +98,33 @@ def install_requirements(
     """
     pins = _pins(requirements)
     built_dir = wheels / "built"
+    with _locked(wheels):
+        _fill_cache(requirements, arch, pins, wheels, built_dir, cache)
+        _install(arch, pins, site, wheels, built_dir)
+
+
+@contextlib.contextmanager
+def _locked(wheels: Path) -> Iterator[None]:
+    """The wheel cache ``wheels`` held by this build alone: two builds at once (make
+    test's package checks beside make package-test, as CI runs them) would otherwise
+    install from a wheel the other is still downloading into it."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    with (wheels / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _fill_cache(
+    requirements: Path,
+    arch: str,
+    pins: dict[tuple[str, str], str],
+    wheels: Path,
+    built_dir: Path,
+    cache: Path,
+) -> None:
+    """Download into ``wheels`` what it lacks of ``pins``; build what has no wheel."""
     have = _cached(wheels, ".whl") | _cached(built_dir, ".whl")
     if set(pins) - set(have):
-        wheels.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "download", "--dest", str(wheels), "--quiet"]
         cmd += ["--no-deps", "--require-hashes", "--prefer-binary", *platform_args(arch)]
         run([*cmd, "-r", str(requirements)], f"pip download for {arch}")
@@ -111,6 +138,16 @@ def install_requirements(
                 build_wheel(cache, arch, sdists[dist], built_dir)
             except BuildRootError as exc:
                 raise VenvError(str(exc)) from exc
+
+
+def _install(
+    arch: str,
+    pins: dict[tuple[str, str], str],
+    site: Path,
+    wheels: Path,
+    built_dir: Path,
+) -> None:
+    """Install ``pins`` into ``site`` from the filled cache, hash-checked."""
     built = _cached(built_dir, ".whl")
     with tempfile.TemporaryDirectory(prefix="edgefleet-req-") as tmp:
         hashed = Path(tmp) / "requirements.txt"

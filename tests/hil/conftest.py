@@ -9,7 +9,6 @@ installs iproute2), fails them.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -30,7 +29,6 @@ WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 
 TEST_BRIDGE = f"efhil-tbr{WORKER}"
 SLICE = 10
 FIRST_INDEX = 150 + SLICE * (WORKER % 4)
-SUBNET_LOCK = Path("/run/lock/efhil-test-subnet.lock")
 
 
 @pytest.fixture(scope="session")
@@ -41,11 +39,7 @@ def lan() -> Iterator[netns.Lan]:
             pytest.skip(f"network namespaces need root (CAP_NET_ADMIN); uid {os.geteuid()}: {why}")
         pytest.fail(f"root can't make network namespaces here: {why}")
     shell.run(["ip", "link", "del", TEST_BRIDGE], check=False)  # an earlier session's
-    SUBNET_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with SUBNET_LOCK.open("w") as lock:  # two workers must not pick the same free /24
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        net = netns.Lan(netns.pick_subnet(), name=TEST_BRIDGE)
-        net.create()
+    net = netns.create_lan(TEST_BRIDGE)  # under a lock: other workers and `hil run` too
     try:
         yield net
     finally:
