@@ -40,6 +40,7 @@ from fleet_server.api.decision_models import (
 )
 from fleet_server.api.models import error_responses
 from fleet_server.auth.deps import Principal, require
+from fleet_server.params import MAX_INT, number, whole
 from fleet_server.review import (
     DEFAULT_CONFIDENCE,
     DEFAULT_LIMIT,
@@ -67,6 +68,7 @@ from fleet_server.review import (
     save_review,
 )
 from fleet_server.review.images import image_sizes_by_device
+from fleet_server.review.scores import MAX_CONFIDENCE, MIN_CONFIDENCE
 
 READ = [require("fleet:read")]
 MAX_PARAM = 1000
@@ -208,7 +210,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         cursor: Annotated[
             str | None, Query(max_length=MAX_PARAM, description="next_cursor of the last page")
         ] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows")] = DEFAULT_LIMIT,
+        limit: Annotated[int, whole("Rows", ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     ) -> DecisionPageOut:
         """Decisions matching every filter given, newest first, a page at a time. The
         ``Server-Timing`` header says how long the server took."""
@@ -236,7 +238,11 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         ] = DEFAULT_GROUP,
         confidence: Annotated[
             float,
-            Query(description="Confidence of the Wilson intervals, 0.5..0.9999 (0.95: 95 %)"),
+            number(
+                "Confidence of the Wilson intervals (0.95: 95 %)",
+                ge=MIN_CONFIDENCE,
+                le=MAX_CONFIDENCE,
+            ),
         ] = DEFAULT_CONFIDENCE,
     ) -> AccuracyOut:
         """Accuracy (confirmed / reviewed) per group, from the reviews, with its Wilson
@@ -256,7 +262,7 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
     def export(
         f: Filter,
         limit: Annotated[
-            int, Query(ge=1, le=MAX_EXPORT_ROWS, description="Refuse more rows than this")
+            int, whole("Refuse more rows than this", ge=1, le=MAX_EXPORT_ROWS)
         ] = MAX_EXPORT_ROWS,
     ) -> StreamingResponse:
         """The filtered decisions (the list's filters) as CSV with the review columns,
@@ -386,8 +392,8 @@ def decisions_router(ctx: HasEngine) -> APIRouter:
         dependencies=[require("decisions:export"), Depends(known_params("since", "limit"))],
     )
     def labels(
-        since: Annotated[int, Query(ge=0, description="The last seq you stored (0: all)")] = 0,
-        limit: Annotated[int, Query(ge=1, le=MAX_LABELS, description="Labels")] = 1000,
+        since: Annotated[int, whole("The last seq you stored (0: all)", ge=0, le=MAX_INT)] = 0,
+        limit: Annotated[int, whole("Labels", ge=1, le=MAX_LABELS)] = 1000,
     ) -> LabelsOut:
         """Ground-truth labels set or changed after ``since``, in the order they were
         given; each decision once, with its newest label."""

@@ -12,6 +12,7 @@ from fleet_server.api.context import ServerContext
 from fleet_server.api.models import ApiModel
 from fleet_server.auth.deps import require
 from fleet_server.db import store
+from fleet_server.params import unix_time, whole
 
 READ = [require("fleet:read")]
 MAX_EVENTS = 1000
@@ -42,8 +43,8 @@ def events_router(ctx: ServerContext) -> APIRouter:
     def events(
         kind: Annotated[str | None, Query(description="Only this kind.")] = None,
         device_id: Annotated[str | None, Query(description="Only this (pseudo) device.")] = None,
-        since: Annotated[float | None, Query(description="At or after (Unix s).")] = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_EVENTS, description="At most.")] = 100,
+        since: Annotated[float | None, unix_time("At or after (Unix s).")] = None,
+        limit: Annotated[int, whole("At most.", ge=1, le=MAX_EVENTS)] = 100,
     ) -> EventsOut:
         """The newest events matching the filters."""
         rows = store.list_events(ctx.engine, device_id, kind=kind, since=since, limit=limit)

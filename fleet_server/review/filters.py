@@ -10,11 +10,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from fleet_server import params
 from fleet_server.review.errors import BadQuery
 
 TEXT_FILTERS = ("site", "line", "device", "source", "outcome", "model_version")
@@ -99,9 +100,7 @@ def parse_time(param: str, value: str) -> float:
     except ValueError:
         pass
     else:
-        if not math.isfinite(seconds):
-            raise BadQuery(param, f"{value!r} is not a finite number of seconds")
-        return seconds
+        return _in_time_range(param, seconds)
     iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
     try:
         parsed = datetime.fromisoformat(iso)
@@ -109,7 +108,18 @@ def parse_time(param: str, value: str) -> float:
         raise BadQuery(param, f"{value!r} is neither Unix seconds nor an ISO 8601 time") from None
     if parsed.tzinfo is None:
         raise BadQuery(param, f"{value!r} has no time zone (add Z or an offset like +01:00)")
-    return parsed.timestamp()
+    try:
+        return _in_time_range(param, parsed.timestamp())
+    except OverflowError:  # an aware time past year 9999 in UTC
+        raise BadQuery(param, f"{value!r} is not within the years 1970..9999") from None
+
+
+def _in_time_range(param: str, seconds: float) -> float:
+    """``seconds`` when it is a Unix time a query may name (fleet_server.params)."""
+    try:
+        return params.check(param, seconds, params.MIN_TIME_S, params.MAX_TIME_S)
+    except params.ParamError as exc:
+        raise BadQuery(param, f"{exc.reason} (Unix seconds, years 1970..9999)") from None
 
 
 def parse_yes_no(value: str, param: str = "reviewed") -> bool:
@@ -193,14 +203,16 @@ def decode_cursor(text: str) -> Cursor:
         version, ts, decision_id = json.loads(raw)
     except (binascii.Error, ValueError, TypeError):
         raise BadQuery("cursor", "not a cursor from a previous page's next_cursor") from None
+    try:  # a stored decision's time: any double a device clock gave, nothing beyond
+        at = params.check("cursor", ts, -sys.float_info.max, sys.float_info.max)
+    except params.ParamError:
+        at = None
     valid = (
         version == _CURSOR_VERSION
-        and isinstance(ts, (int, float))
-        and not isinstance(ts, bool)
-        and math.isfinite(ts)
+        and at is not None
         and isinstance(decision_id, str)
         and 0 < len(decision_id) <= MAX_TEXT
     )
-    if not valid:
+    if at is None or not valid:
         raise BadQuery("cursor", "not a cursor from a previous page's next_cursor")
-    return Cursor(float(ts), decision_id)
+    return Cursor(at, decision_id)
