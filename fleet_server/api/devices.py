@@ -26,6 +26,8 @@ from fleet_server.auth.deps import require
 from fleet_server.ca import NameRefused, check_name
 from fleet_server.db import store
 from fleet_server.db.store import Device, Record
+from fleet_server.db.tokens import PendingDevice, pending_devices
+from fleet_server.params import whole
 from fleet_server.rollout import parse_selector
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,17 @@ WRITE = [require("devices:write")]
 def device_out(device: Device) -> DeviceOut:
     """The API form of a registry row."""
     return DeviceOut(**{**dataclasses.asdict(device), "shard": device.shard or "main"})
+
+
+def pending_out(p: PendingDevice) -> DeviceOut:
+    """The API form of a pending device (enrolled, never connected)."""
+    return DeviceOut(
+        device_id=p.device_id, labels=p.labels, profile=p.profile,
+        enrolled_at=p.token_created_at, agent_version=None, last_seen=None, online=False,
+        active_bundle=None, active_release=None, previous_bundle=None, previous_release=None,
+        health=None, cert_serial=None, revoked=False, shard=None, pending=True,
+        token_expires_at=p.token_expires_at,
+    )  # fmt: skip
 
 
 def _record(r: Record) -> RecordOut:
@@ -72,6 +85,11 @@ def devices_router(ctx: ServerContext) -> APIRouter:
     def get_or_404(device_id: str) -> Device:
         device = store.get_device(ctx.engine, device_id)
         if device is None:
+            pending = pending_devices(ctx.engine, device_id=device_id)
+            if pending:
+                raise HTTPException(
+                    404, f"device {device_id!r} is enrolled but never connected (pending)"
+                )
             raise HTTPException(404, f"no device {device_id!r}")
         return device
 
@@ -81,18 +99,29 @@ def devices_router(ctx: ServerContext) -> APIRouter:
             str | None, Query(description="'line=3,profile=x86-gateway' or '*'")
         ] = None,
     ) -> list[DeviceOut]:
-        """Registered devices matching every key=value of the selector, by id."""
-        return [device_out(d) for d in store.list_devices(ctx.engine, _selector(selector))]
+        """Devices matching every key=value of the selector, by id: registered ones and
+        pending ones (``pending``: enrolled, never connected, with ``token_expires_at``)."""
+        wanted = _selector(selector)
+        out = [device_out(d) for d in store.list_devices(ctx.engine, wanted)]
+        out += [pending_out(p) for p in pending_devices(ctx.engine, wanted)]
+        return sorted(out, key=lambda d: d.device_id)
 
     @router.get("/devices/{device_id}", responses=NOT_FOUND, dependencies=READ)
     def show_device(device_id: str) -> DeviceOut:
-        """One device: last seen, online, agent version, active and previous bundle, health."""
-        return device_out(get_or_404(device_id))
+        """One device: last seen, online, agent version, active and previous bundle, health;
+        a pending one (enrolled, never connected) with its token's expiry."""
+        device = store.get_device(ctx.engine, device_id)
+        if device is not None:
+            return device_out(device)
+        pending = pending_devices(ctx.engine, device_id=device_id)
+        if not pending:
+            raise HTTPException(404, f"no device {device_id!r}")
+        return pending_out(pending[0])
 
     @router.get("/devices/{device_id}/telemetry", responses=NOT_FOUND, dependencies=READ)
     def telemetry(
         device_id: str,
-        limit: Annotated[int, Query(ge=1, le=MAX_RECENT, description="Records of each kind")] = 20,
+        limit: Annotated[int, whole("Records of each kind", ge=1, le=MAX_RECENT)] = 20,
     ) -> TelemetryOut:
         """The device's latest health, recent heartbeats and samples (newest first)."""
         d = get_or_404(device_id)

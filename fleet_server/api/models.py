@@ -57,7 +57,7 @@ class DeviceOut(ApiModel):
     device_id: str = Field(description="Device id (the CN of its certificate).")
     labels: dict[str, str] = Field(description="Selector labels.")
     profile: str = Field(description="Hardware profile it was enrolled as.")
-    enrolled_at: float = Field(description="When it enrolled.")
+    enrolled_at: float = Field(description="When it enrolled (pending: when its token was made).")
     agent_version: str | None = Field(description="edge-agent version it last reported.")
     last_seen: float | None = Field(description="Its last sign of life.")
     online: bool = Field(description="Online by its last state or will.")
@@ -78,7 +78,20 @@ class DeviceOut(ApiModel):
         description="The labels the device last reported of itself (shown only; "
         "selectors use labels).",
     )
-    shard: str = Field("main", description="The broker shard the device was given at enrollment.")
+    shard: str | None = Field(
+        "main",
+        description="The broker shard the device was given at enrollment (null: pending).",
+    )
+    pending: bool = Field(
+        False,
+        description="Enrolled by an operator (a token made) but never connected: it has not "
+        "used its token, so it has no certificate yet; enrolled_at is when the token was made.",
+    )
+    token_expires_at: float | None = Field(
+        None,
+        description="A pending device's newest unused enrollment token expires then "
+        "(Unix seconds; in the past: expired, make a new one). Null for a registered device.",
+    )
 
 
 class RecordOut(ApiModel):

@@ -118,14 +118,25 @@ def _when(ts: object) -> str:
     value = timefmt.epoch(ts)
     if value is None:
         return timefmt.invalid(ts)
-    age = max(0.0, time.time() - value)
+    return f"{timefmt.iso(ts)} ({_span(time.time() - value)} ago)"
+
+
+def _span(seconds: float) -> str:
+    """``42s``, ``7m``, ``3h``, ``2d``."""
+    age = max(0.0, seconds)
     for limit, unit, size in ((120, "s", 1), (7200, "m", 60), (172_800, "h", 3600)):
         if age < limit:
-            ago = f"{age / size:.0f}{unit}"
-            break
-    else:
-        ago = f"{age / 86_400:.0f}d"
-    return f"{timefmt.iso(ts)} ({ago} ago)"
+            return f"{age / size:.0f}{unit}"
+    return f"{age / 86_400:.0f}d"
+
+
+def _expiry(ts: float) -> str:
+    """A pending device's token: ``token expires 2026-11-24T05:03:41Z (in 23h)``, or
+    ``token expired 2026-11-24T05:03:41Z (2h ago): make a new one ...``."""
+    left = ts - time.time()
+    if left <= 0:
+        return f"token expired {_when(ts)}: make a new one with fleetctl devices enroll"
+    return f"token expires {timefmt.iso(ts)} (in {_span(left)})"
 
 
 def _bundle(name: str | None, release: int | None) -> str:
@@ -174,7 +185,20 @@ def cmd_devices_enroll(args: argparse.Namespace) -> int:
     return _emit(args, t, lines)
 
 
+def _pending_lines(d: dict[str, Any]) -> list[str]:
+    return [
+        f"device    {d['device_id']}  PENDING",
+        "state     enrolled, never connected (its token is unused: no certificate yet)",
+        f"token     {_expiry(d['token_expires_at'])}",
+        f"profile   {d['profile'] or '-'}",
+        f"labels    {_labels(d['labels'])}",
+        f"enrolled  {_when(d['enrolled_at'])} (token made)",
+    ]
+
+
 def _device_lines(d: dict[str, Any]) -> list[str]:
+    if d.get("pending"):
+        return _pending_lines(d)
     health = d.get("health") or {}
     lines = [
         f"device    {d['device_id']}{'  REVOKED' if d.get('revoked') else ''}",
@@ -192,17 +216,28 @@ def _device_lines(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _seen(d: dict[str, Any]) -> str:
+    return "never connected (pending)" if d.get("pending") else _when(d["last_seen"])
+
+
+def _flag(d: dict[str, Any]) -> str:
+    if d.get("pending"):
+        return f" ({_expiry(d['token_expires_at'])})"
+    return " (revoked)" if d.get("revoked") else ""
+
+
 def cmd_devices_list(args: argparse.Namespace) -> int:
     query = {"selector": _labels(args.select)} if args.select else None
     devices = client(args).call("GET", "/devices", query=query)
     lines = [f"{'DEVICE':<24} {'ONLINE':<6} {'LAST SEEN':<34} {'AGENT':<10} {'BUNDLE':<24} LABELS"]
     lines += [
-        f"{d['device_id']:<24} {'yes' if d['online'] else 'no':<6} {_when(d['last_seen']):<34} "
+        f"{d['device_id']:<24} {'yes' if d['online'] else 'no':<6} {_seen(d):<34} "
         f"{d['agent_version'] or '-':<10} {_bundle(d['active_bundle'], d['active_release']):<24} "
-        f"{_labels(d['labels'])}{' (revoked)' if d.get('revoked') else ''}"
+        f"{_labels(d['labels'])}{_flag(d)}"
         for d in devices
     ]
-    lines.append(f"{len(devices)} device(s)")
+    pending = sum(1 for d in devices if d.get("pending"))
+    lines.append(f"{len(devices)} device(s)" + (f", {pending} pending" if pending else ""))
     return _emit(args, devices, lines)
 
 
@@ -373,7 +408,9 @@ def add_fleet_commands(commands: Any) -> None:
     enroll.add_argument("--profile", default="", help="hardware profile, e.g. jetson-orin")
     enroll.add_argument("--ttl", type=_seconds, help="token lifetime, e.g. 24h (default server's)")
     enroll.set_defaults(func=cmd_devices_enroll)
-    listing = devices.add_parser("list", parents=[common], help="list devices")
+    listing = devices.add_parser(
+        "list", parents=[common], help="list devices (pending ones too: enrolled, never connected)"
+    )
     listing.add_argument("--select", type=_selector, metavar="K=V,...", help="e.g. line=3")
     listing.set_defaults(func=cmd_devices_list)
     for name, func, text in (

@@ -9,6 +9,7 @@ counts in one query each; the bundles page counts installations with one grouped
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from agent.wire.messages import EVENT_INSTALL
 from fleet_server.db.store import Device, EventRecord
 from fleet_server.db.tables import decisions, devices, events, telemetry
+from fleet_server.db.tokens import PendingDevice, pending_devices
 
 MAX_HEALTH_ROWS = 20_000
 """Health reports read for one device page (the newest, when a range holds more)."""
@@ -71,6 +74,24 @@ def overview_devices(engine: Engine, f: DeviceFilter) -> list[Device]:
         return [Device(**row._asdict()) for row in conn.execute(query)]
 
 
+def pending(engine: Engine, f: DeviceFilter) -> list[PendingDevice]:
+    """The pending devices (enrolled, never connected) matching ``f``, by id (one query):
+    none when ``f`` asks for online devices."""
+    if f.online:
+        return []
+    selector = {k: v for k, v in (("site", f.site), ("line", f.line)) if v}
+    found = pending_devices(engine, selector)
+    if not f.q:
+        return found
+    q = f.q.casefold()
+    return [
+        p
+        for p in found
+        if any(q in text.casefold() for text in (p.device_id, p.profile, *p.labels.values()))
+        or any(q in k.casefold() for k in p.labels)
+    ]
+
+
 def sites_and_lines(engine: Engine) -> list[tuple[str, str]]:
     """Every (site, line) pair the registry's labels name ('' where a label is missing)."""
     site = sa.func.coalesce(_label("site"), "")
@@ -104,15 +125,34 @@ def health_reports(
 
 
 def recent_events(engine: Engine, device_id: str, limit: int = MAX_EVENTS) -> list[EventRecord]:
-    """The device's newest events other than reported states, newest first."""
+    """The device's newest events other than reported states, newest first, each once.
+
+    An install report reaches the fleet twice: as an ``install`` event through the
+    device's outbox and as its retained ``install/state`` message (stored as an
+    ``install`` event with an id made from its content). Both carry the same report
+    (its ``at`` makes every report distinct), so an install event whose payload equals
+    a newer one's is that same report and is left out; other kinds are shown as stored
+    (an alarm may repeat word for word). At most every record is doubled, so twice
+    ``limit`` rows are read to fill ``limit``.
+    """
     query = (
         sa.select(events)
         .where(events.c.device_id == device_id, events.c.kind != STATE_KIND)
         .order_by(events.c.ts.desc(), events.c.event_id.desc())
-        .limit(limit)
+        .limit(2 * limit)
     )
     with engine.connect() as conn:
-        return [EventRecord(**row._asdict()) for row in conn.execute(query)]
+        rows = [EventRecord(**row._asdict()) for row in conn.execute(query)]
+    seen: set[tuple[str, str]] = set()
+    out: list[EventRecord] = []
+    for e in rows:
+        if e.kind == EVENT_INSTALL:
+            key = (e.kind, json.dumps(e.payload, sort_keys=True, default=str))
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(e)
+    return out[:limit]
 
 
 def newest_state(engine: Engine, device_id: str) -> dict[str, Any] | None:

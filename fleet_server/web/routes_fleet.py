@@ -1,5 +1,7 @@
 """The fleet overview (``/ui/``), a device's page (``/ui/devices/{id}``) and the bundles
-page (``/ui/bundles``); all need ``fleet:read``."""
+page (``/ui/bundles``); all need ``fleet:read``. A pending device (enrolled by an operator,
+its token unused, so never connected) is listed apart on the overview, and its page says
+so with its token's expiry."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from markupsafe import Markup
 from agent.wire.messages import EVENT_INSTALL
 from fleet_server.db import store
 from fleet_server.db.store import Device
+from fleet_server.db.tokens import pending_devices
 from fleet_server.web import queries
 from fleet_server.web.bundles import Release
 from fleet_server.web.charts import PALETTE, Stack, line_chart, stacked_bars
@@ -25,7 +28,8 @@ from fleet_server.web.series import health_charts
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 DEFAULT_RANGE = "6h"
-STATES = ("", "online", "offline", *LEVELS)
+PENDING = "pending"
+STATES = ("", "online", "offline", *LEVELS, PENDING)
 DECISION_BUCKETS = 48
 OUTCOME_CSS = {"pass": "o-pass", "ok": "o-pass", "reject": "o-reject", "fail": "o-reject",
                "review": "o-review"}  # fmt: skip
@@ -118,7 +122,8 @@ def fleet_router(console: Console) -> APIRouter:
             )
         online = {"online": True, "offline": False}.get(state)
         f = queries.DeviceFilter(site=site, line=line, online=online, q=q.strip())
-        devices = queries.overview_devices(engine, f)
+        devices = [] if state == PENDING else queries.overview_devices(engine, f)
+        pending = queries.pending(engine, f) if state in ("", PENDING) else []
         pairs = queries.sites_and_lines(engine)
         releases = console.catalog.releases()
         now = time.time()
@@ -136,6 +141,7 @@ def fleet_router(console: Console) -> APIRouter:
             "f": {"site": site, "line": line, "state": state, "q": q},
             "states": STATES,
             "drift": drifted_lines(engine),
+            "pending": pending,
         }
         return console.render(request, "overview.html", values, user=user)
 
@@ -146,7 +152,11 @@ def fleet_router(console: Console) -> APIRouter:
             raise PageError(400, f"span {span!r} is not one of {', '.join(RANGES)}", user=user)
         device = store.get_device(engine, device_id)
         if device is None:
-            raise PageError(404, f"no device {device_id!r}", user=user)
+            pending = pending_devices(engine, device_id=device_id)
+            if not pending:
+                raise PageError(404, f"no device {device_id!r}", user=user)
+            values = {"p": pending[0], "expired": pending[0].expired(time.time())}
+            return console.render(request, "device_pending.html", values, user=user)
         end = time.time()
         start = end - RANGES[span]
         releases = console.catalog.releases()

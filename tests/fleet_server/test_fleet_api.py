@@ -129,7 +129,7 @@ def test_csr_for_another_device_is_refused_and_the_token_stays_unused(api: Runni
     assert "CSR refused" in refused.body["detail"]
     assert "cam-10" in refused.body["detail"]
     assert api.call("GET", "/api/v1/devices/cam-10").status == 404
-    assert api.call("GET", "/api/v1/devices/cam-09").status == 404
+    assert api.call("GET", "/api/v1/devices/cam-09").body["pending"] is True  # token unused
     _, accepted = enroll(api, token, "cam-09")
     assert accepted.status == 200, accepted.body
 
@@ -147,6 +147,46 @@ def test_device_list_selects_by_label_and_profile(api: RunningApi) -> None:
     bad = api.call("GET", "/api/v1/devices?selector=line")
     assert bad.status == 400
     assert "selector" in bad.body["detail"]
+
+
+def test_a_device_enrolled_but_never_connected_is_listed_pending_until_it_enrolls(
+    api: RunningApi,
+) -> None:
+    engine = api.ctx.engine
+    store.upsert_device(engine, "a1", labels={"line": "3"}, profile="jetson-orin")
+    body = {"labels": {"line": "3"}, "profile": "x86-gateway", "ttl_s": 3600}
+    made = api.call("POST", "/api/v1/devices/p1/tokens", body)
+    assert made.status == 201, made.body
+    newer = api.call("POST", "/api/v1/devices/p1/tokens", body | {"ttl_s": 7200})
+    assert newer.status == 201, newer.body
+    new_token(api, "p2", labels={"line": "4"})
+    listed = api.call("GET", "/api/v1/devices").body
+    assert [(d["device_id"], d["pending"]) for d in listed] == [
+        ("a1", False), ("p1", True), ("p2", True),
+    ]  # fmt: skip
+    p1 = next(d for d in listed if d["device_id"] == "p1")
+    assert p1["token_expires_at"] == newer.body["expires_at"]  # the newest token's
+    assert (p1["labels"], p1["profile"], p1["online"], p1["last_seen"]) == (
+        {"line": "3"}, "x86-gateway", False, None,
+    )  # fmt: skip
+    assert listed[0]["token_expires_at"] is None
+    ids = lambda q: [d["device_id"] for d in api.call("GET", "/api/v1/devices" + q).body]  # noqa: E731
+    assert ids("?selector=line=3") == ["a1", "p1"]
+    assert ids("?selector=line=3,profile=x86-gateway") == ["p1"]
+    shown = api.call("GET", "/api/v1/devices/p1")
+    assert shown.status == 200, shown.body
+    assert (shown.body["pending"], shown.body["shard"]) == (True, None)
+    tele = api.call("GET", "/api/v1/devices/p1/telemetry")
+    assert tele.status == 404
+    assert "enrolled but never connected" in tele.body["detail"]
+    _, done = enroll(api, newer.body["token"], "p1")
+    assert done.status == 200, done.body
+    after = api.call("GET", "/api/v1/devices/p1").body
+    assert (after["pending"], after["token_expires_at"]) == (False, None)
+    assert [d["device_id"] for d in api.call("GET", "/api/v1/devices").body if d["pending"]] == [
+        "p2"
+    ]
+    assert [d.device_id for d in store.list_devices(engine)] == ["a1", "p1"]  # rollouts' list
 
 
 # -- SQLite only --------------------------------------------------------------------

@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.wire.enroll import ENROLL_PATH
+from fleet_server import timefmt
 from fleet_server.ca import make_device_key_and_csr
 from fleet_server.db import store
 from fleet_server.db.store import Record
@@ -125,6 +127,41 @@ def test_devices_enroll_prints_a_one_time_token_that_enrolls_the_device(api: Run
     text = ok(api, "devices", "show", "cam-5")
     assert "profile   x86-gateway" in text
     assert "seen      never" in text
+
+
+def test_a_device_enrolled_but_never_connected_is_listed_pending_with_its_token_expiry(
+    api: RunningApi,
+) -> None:
+    out = ok(api, "devices", "enroll", "cam-7", "--labels", "line=3", "--ttl", "2h", "--json")
+    token, expires = json.loads(out)["token"], json.loads(out)["expires_at"]
+    stale = time.time() - 3 * 86_400  # an older token of another device, expired a day ago
+    store.create_token(api.ctx.engine, store.hash_token("t" * 43), "cam-8", labels={"line": "4"},
+                       profile="", ttl_s=2 * 86_400, now=stale)  # fmt: skip
+    table = ok(api, "devices", "list").splitlines()
+    row7 = next(line for line in table if line.startswith("cam-7"))
+    assert "never connected (pending)" in row7
+    assert f"token expires {timefmt.iso(expires)} (in " in row7
+    row8 = next(line for line in table if line.startswith("cam-8"))
+    assert "token expired " in row8
+    assert "make a new one" in row8
+    assert table[-1] == "2 device(s), 2 pending"
+    listed = json.loads(ok(api, "devices", "list", "--select", "line=3", "--json"))
+    assert [(d["device_id"], d["pending"], d["token_expires_at"]) for d in listed] == [
+        ("cam-7", True, expires)
+    ]
+    shown = ok(api, "devices", "show", "cam-7")
+    assert "device    cam-7  PENDING" in shown
+    assert "enrolled, never connected" in shown
+    assert f"token     token expires {timefmt.iso(expires)}" in shown
+    assert "enrolled but never connected" in fails(api, "telemetry", "cam-7")
+    _, csr = make_device_key_and_csr("cam-7")
+    enrolled = http("POST", api.url + ENROLL_PATH, {"token": token, "csr": csr.decode()})
+    assert enrolled.status == 200, enrolled.body
+    now = json.loads(ok(api, "devices", "show", "cam-7", "--json"))
+    assert (now["pending"], now["token_expires_at"], now["cert_serial"] is not None) == (
+        False, None, True,
+    )  # fmt: skip
+    assert ok(api, "devices", "list").splitlines()[-1] == "2 device(s), 1 pending"
 
 
 def test_telemetry_and_revoke_show_what_the_server_knows(api: RunningApi) -> None:

@@ -1,8 +1,9 @@
 """Light agents for the console's browser tests: devices that enroll over the fleet
 server's API (one-time token, their own key and CSR), connect to its Mosquitto with their
 own TLS certificate, report a retained state and heartbeats, and answer a signed
-directive the way the real agent reports an install (an ``install`` event, outcome
-``committed``, then a state whose active bundle is the assigned one). They run no model:
+directive the way the real agent reports an install (an ``install`` event through the
+outbox and the same report retained on ``install/state``, outcome ``committed``, then a
+state whose active bundle is the assigned one). They run no model:
 the rollout's waves advance on real directives and real reports through real ingest.
 """
 
@@ -116,6 +117,9 @@ class LightAgent:
             payload=report,
         )
         self.client.publish(topics.events(self.device_id), encode(event), qos=1)
+        # and, as the agent's directive service does, the same report retained
+        self.client.publish(topics.install_state(self.device_id), json.dumps(report), qos=1,
+                            retain=True)  # fmt: skip
         self.previous, self.active = (
             self.active,
             BundleRef(name=name, version=version, release=release),

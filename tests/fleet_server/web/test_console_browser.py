@@ -111,6 +111,13 @@ def rollouts(fleet: RunningConsole) -> list[dict[str, Any]]:
     return body
 
 
+def installs(fleet: RunningConsole, device_id: str) -> list[dict[str, Any]]:
+    """The install events stored for the device (every record, as the API lists them)."""
+    url = f"{fleet.url}/api/v1/events?kind=install&device_id={device_id}"
+    body: dict[str, list[dict[str, Any]]] = http("GET", url, token=OPERATOR_TOKEN).body
+    return [e for e in body["events"] if e["payload"].get("release") == 3]
+
+
 def test_each_role_signs_in_and_sees_what_it_may(fleet: RunningConsole, page: Page) -> None:
     page.goto(fleet.url + "/ui/login")
     page.fill("input[name=username]", "olga")
@@ -207,6 +214,13 @@ def test_an_operator_creates_a_rollout_watches_a_wave_advance_and_pauses_it(
     page.goto(fleet.url + "/ui/rollouts")
     expect(page.locator("table.rollouts")).to_contain_text(rollout_id)
     shot(page, "rollouts")
+    # the install reached the fleet twice (outbox event, retained install/state): once shown
+    deadline = time.monotonic() + 20
+    while len(installs(fleet, first)) < 2:
+        assert time.monotonic() < deadline, installs(fleet, first)
+        time.sleep(0.2)
+    page.goto(f"{fleet.url}/ui/devices/{first}")
+    expect(page.locator("table.events tr", has_text="committed detector r3")).to_have_count(1)
 
 
 def test_a_gate_the_operator_blanks_on_the_form_is_off_in_the_created_rollout(
