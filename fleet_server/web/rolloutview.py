@@ -1,6 +1,7 @@
 """A stored rollout laid out for its page (pure): phase in words and colour, each wave's
 devices by status, the gates against their thresholds, the operator actions the phase
-accepts, the devices and the phase history."""
+accepts, the devices whose revert is open (stuck ones with why, to resolve), the devices
+and the phase history."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from fleet_server.rollout import (
     Rollout,
     refusal,
 )
-from fleet_server.rollout.state import BundleRef, Transition
+from fleet_server.rollout.reports import revert_target
+from fleet_server.rollout.state import REVERT_OPEN, BundleRef, DeviceState, Transition
 from fleet_server.web.charts import Segment, progress_bar
 from fleet_server.web.gateview import GateRow, gate_rows
 
@@ -33,7 +35,8 @@ _EVENTS = {"approve": Approve, "pause": Pause, "resume": Resume, "cancel": Cance
 STATUS_ORDER = (
     DeviceStatus.DONE, DeviceStatus.INSTALLING, DeviceStatus.ASSIGNED, DeviceStatus.SHADOWING,
     DeviceStatus.SHADOW_ASSIGNED, DeviceStatus.FAILED,
-    DeviceStatus.REVERTING, DeviceStatus.ROLLED_BACK, DeviceStatus.PENDING, DeviceStatus.OFFLINE,
+    DeviceStatus.REVERTING, DeviceStatus.STUCK, DeviceStatus.ROLLED_BACK, DeviceStatus.ACCEPTED,
+    DeviceStatus.PENDING, DeviceStatus.OFFLINE,
 )  # fmt: skip
 PHASE_CSS = {
     Phase.PLANNED: "ph-run", Phase.ASSIGNING: "ph-run", Phase.SHADOW: "ph-run",
@@ -59,11 +62,14 @@ PHASE_TEXT = {
 DEVICES_SHOWN = 200
 """Devices listed on a rollout's page; beyond, the ones that need attention come first."""
 _ATTENTION = {
-    DeviceStatus.FAILED: 0, DeviceStatus.REVERTING: 1, DeviceStatus.INSTALLING: 2,
-    DeviceStatus.ASSIGNED: 3, DeviceStatus.SHADOW_ASSIGNED: 3, DeviceStatus.SHADOWING: 3,
-    DeviceStatus.ROLLED_BACK: 4, DeviceStatus.OFFLINE: 5, DeviceStatus.PENDING: 6,
-    DeviceStatus.DONE: 7,
+    DeviceStatus.STUCK: 0, DeviceStatus.FAILED: 0, DeviceStatus.REVERTING: 1,
+    DeviceStatus.INSTALLING: 2, DeviceStatus.ASSIGNED: 3, DeviceStatus.SHADOW_ASSIGNED: 3,
+    DeviceStatus.SHADOWING: 3, DeviceStatus.ROLLED_BACK: 4, DeviceStatus.ACCEPTED: 4,
+    DeviceStatus.OFFLINE: 5, DeviceStatus.PENDING: 6, DeviceStatus.DONE: 7,
 }  # fmt: skip
+RESOLVE_TEXT = {"retry": "Retry the revert", "accept": "Accept as it is",
+                "assign": "Assign release"}  # fmt: skip
+"""The buttons that resolve a stuck (or still reverting) device, by ``how``."""
 BUTTON_TEXT = {"approve": "Approve next wave", "pause": "Pause", "resume": "Resume",
                "cancel": "Cancel rollout", "rollback": "Roll back"}  # fmt: skip
 
@@ -105,6 +111,12 @@ class DeviceRow:
     site: str
     line: str
     p99_ms: float | None
+    why: str = ""
+    """Why it is stuck, or who accepted it."""
+    revert_to: str = ""
+    """What its revert returns it to ("" when it is in no revert)."""
+    deadline: float | None = None
+    """A reverting device's deadline."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,8 @@ class RolloutPage:
     devices_total: int
     history: Sequence[Transition]
     terminal: bool
+    open_reverts: Sequence[DeviceRow] = ()
+    """Stuck devices first, then reverting ones: what an operator can resolve."""
 
 
 def _ref(ref: BundleRef | None) -> str:
@@ -168,13 +182,12 @@ def rollout_page(rollout: Rollout, *, width: int = 560) -> RolloutPage:
     order = list(rollout.order)
     if len(order) > DEVICES_SHOWN:
         order = sorted(order, key=lambda i: _ATTENTION[devices[i].status])[:DEVICES_SHOWN]
-    rows = [
-        DeviceRow(
-            d.device_id, None if d.wave is None else d.wave + 1, d.status.value, d.online,
-            _ref(d.active), d.labels.get("site", ""), d.labels.get("line", ""), d.p99_ms,
-        )
-        for d in (devices[i] for i in order)
-    ]  # fmt: skip
+    rows = [_row(devices[i]) for i in order]
+    open_reverts = []
+    if rollout.phase is Phase.ROLLING_BACK:
+        opened = [i for i in rollout.order if devices[i].status in REVERT_OPEN]
+        opened.sort(key=lambda i: devices[i].status is not DeviceStatus.STUCK)
+        open_reverts = [_row(devices[i]) for i in opened[:DEVICES_SHOWN]]
     return RolloutPage(
         rollout=rollout,
         phase=rollout.phase.value,
@@ -193,4 +206,16 @@ def rollout_page(rollout: Rollout, *, width: int = 560) -> RolloutPage:
         devices_total=total,
         history=list(reversed(rollout.history)),
         terminal=rollout.phase in TERMINAL,
+        open_reverts=open_reverts,
     )
+
+
+def _row(d: DeviceState) -> DeviceRow:
+    back = d.previous if d.shadow_only else revert_target(d)
+    in_revert = d.status in (*REVERT_OPEN, DeviceStatus.ROLLED_BACK, DeviceStatus.ACCEPTED)
+    return DeviceRow(
+        d.device_id, None if d.wave is None else d.wave + 1, d.status.value, d.online,
+        _ref(d.active), d.labels.get("site", ""), d.labels.get("line", ""), d.p99_ms,
+        why=d.why, revert_to=_ref(back) if in_revert else "",
+        deadline=d.deadline if d.status is DeviceStatus.REVERTING else None,
+    )  # fmt: skip

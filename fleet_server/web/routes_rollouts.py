@@ -5,8 +5,10 @@ script from ``/ui/rollouts/{id}/live``), and the operator actions as form posts.
 Reading needs ``fleet:read``; the form, the preview, creating and every action need
 ``rollouts:write`` and the session's CSRF token, checked by the server on each post
 (:func:`fleet_server.web.pages.posted`), so a line manager's post is a 403 that changes
-nothing even when sent by hand. Creating and acting go through the rollout service the
-API uses (``ServerContext.rollouts``).
+nothing even when sent by hand. A stuck device of a rollout that is rolling back is
+resolved from its page (``/ui/rollouts/{id}/devices/{device}/resolve``: retry, accept,
+assign a release); every action is kept with the signed-in user's name. Creating and
+acting go through the rollout service the API uses (``ServerContext.rollouts``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fleet_server.web.rolloutview import (
     ACTIONS,
     BUTTON_TEXT,
     PHASE_CSS,
+    RESOLVE_TEXT,
     rollout_page,
     segments,
     status_css,
@@ -38,6 +41,23 @@ if TYPE_CHECKING:
     from fleet_server.api.ports import RolloutOps
 
 LIST_BAR_WIDTH = 220
+MAX_RELEASE_DIGITS = 15
+
+
+def _release(how: str, raw: str) -> int | None:
+    """The release a resolve form names (``assign`` only).
+
+    Raises:
+        RolloutError: an unknown ``how``, or ``assign`` without a plain release number.
+    """
+    if how not in RESOLVE_TEXT:
+        raise RolloutError("how", f"{how[:20]!r} is not one of {', '.join(RESOLVE_TEXT)}")
+    if how != "assign":
+        return None
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_RELEASE_DIGITS:
+        raise RolloutError("release", f"{text[:20]!r} is not a release number")
+    return int(text)
 
 
 def rollouts_router(console: Console) -> APIRouter:
@@ -63,7 +83,7 @@ def rollouts_router(console: Console) -> APIRouter:
     ) -> HTMLResponse:  # fmt: skip
         page = rollout_page(load(rollout_id))
         values = {"p": page, "error": error, "done": done, "status_css": status_css,
-                  "button_text": BUTTON_TEXT}  # fmt: skip
+                  "button_text": BUTTON_TEXT, "resolve_text": RESOLVE_TEXT}  # fmt: skip
         return console.render(request, template, values, user=user, status=status)
 
     def form_page(
@@ -120,7 +140,8 @@ def rollouts_router(console: Console) -> APIRouter:
     @router.get("/{rollout_id}")
     def show(request: Request, rollout_id: str, done: str = "") -> HTMLResponse:
         user = signed_in(request)
-        return detail(request, user, rollout_id, done=done if done in (*ACTIONS, "created") else "")
+        shown = done if done in (*ACTIONS, "created", *RESOLVE_TEXT) else ""
+        return detail(request, user, rollout_id, done=shown)
 
     @router.get("/{rollout_id}/live")
     def live(request: Request, rollout_id: str) -> HTMLResponse:
@@ -136,7 +157,9 @@ def rollouts_router(console: Console) -> APIRouter:
         await run_in_threadpool(load, rollout_id)
         reason = fields.get("reason", "").strip()[:200] or f"{action} by {user.name} (console)"
         try:
-            await run_in_threadpool(service.act, rollout_id, action, reason)  # type: ignore[arg-type]
+            await run_in_threadpool(
+                lambda: service.act(rollout_id, action, reason, by=user.name)  # type: ignore[arg-type]
+            )
         except (RolloutError, RolloutConflict) as exc:
             why = str(exc)
             return await run_in_threadpool(
@@ -145,6 +168,30 @@ def rollouts_router(console: Console) -> APIRouter:
         except FleetError as exc:
             raise PageError(503, str(exc)) from exc
         target = f"{PREFIX}/rollouts/{rollout_id}?done={action}"
+        return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
+
+    @router.post("/{rollout_id}/devices/{device_id}/resolve")
+    async def resolve(request: Request, rollout_id: str, device_id: str) -> Response:
+        user, fields = await posted(request, "rollouts:write")
+        service = ops()
+        await run_in_threadpool(load, rollout_id)
+        how = fields.get("how", "")
+        reason = fields.get("reason", "").strip()[:200]
+        try:
+            release = _release(how, fields.get("release", ""))
+            await run_in_threadpool(
+                lambda: service.resolve(
+                    rollout_id, device_id, how, release=release, reason=reason, by=user.name
+                )
+            )
+        except (RolloutError, RolloutConflict) as exc:
+            why = str(exc)
+            return await run_in_threadpool(
+                lambda: detail(request, user, rollout_id, error=why, status=409)
+            )
+        except FleetError as exc:
+            raise PageError(503, str(exc)) from exc
+        target = f"{PREFIX}/rollouts/{rollout_id}?done={how}"
         return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
 
     return router
