@@ -136,6 +136,14 @@ class Fleet:
         return body
 
     def create(self, spec: dict[str, Any]) -> str:
+        """Create a rollout once the one before has ended: a running rollout (or one still
+        rolling back) holds its devices, and another on them is refused."""
+
+        def ended() -> bool:
+            rollouts = http("GET", f"{self.url}/api/v1/rollouts", token=OPERATOR_TOKEN).body
+            return all(r["phase"] in ENDED for r in rollouts)
+
+        _wait(ended, 90, "the rollouts before to end")
         answer = http("POST", f"{self.url}/api/v1/rollouts", spec, token=OPERATOR_TOKEN)
         assert answer.status == 201, answer.body
         return str(answer.body["rollout_id"])
@@ -190,6 +198,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     bundles = root / "bundles"
     bundles.mkdir()
     fallback = _classifier(bundles, "1.0.0", 1, (0, 1, 2))
+    repo.publish(fallback, keys)  # what the devices are set up with: a revert returns to it
     repo.publish(_classifier(bundles, "1.1.0", 2, (0, 1, 2)), keys)
     repo.publish(_classifier(bundles, "1.2.0", 3, (1, 2, 0)), keys)
     repo.publish(_classifier(bundles, "1.3.0", 4, (0, 1, 2)), keys)
@@ -253,7 +262,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             )
             assert enrolled.returncode == 0, enrolled.stderr
             state.start_agent(device, "normal")
-        _wait(lambda: all(state.device(d).get("online") for d in LINES), 60, "2 agents online")
+        _wait(lambda: all(state.device(d).get("online") for d in LINES), 120, "2 agents online")
         yield state
     finally:
         for device in list(state.agents):
@@ -272,6 +281,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 STOPPED = ("paused", "rolling_back", "rolled_back", "cancelled")
+ENDED = ("completed", "completed_partial", "cancelled", "rolled_back")
 
 
 def test_a_disagreeing_candidate_stops_in_its_shadow_phase_and_no_device_switches(
@@ -345,6 +355,11 @@ def _decisions_of(fleet: Fleet, device: str, version: str) -> list[dict[str, Any
 def test_labels_on_a_new_versions_decisions_trip_min_accuracy_and_the_rollout_reverts(
     fleet: Fleet,
 ) -> None:
+    # what each device runs before: the bundle it was set up with (release 1, run from
+    # its configured directory, in no slot) when this test runs alone, release 2 after
+    # the tests before; either way the fleet knows it, and the revert returns to it
+    before = {d: fleet.release(d) for d in LINES}
+    assert all(r in (1, 2) for r in before.values()), before
     rid = fleet.create(
         {
             "bundle": "cls@1.3.0",
@@ -372,8 +387,13 @@ def test_labels_on_a_new_versions_decisions_trip_min_accuracy_and_the_rollout_re
     _wait(lambda: fleet.rollout(rid)["phase"] in STOPPED, 60, "the accuracy gate to stop it")
     view = fleet.rollout(rid)
     assert "accuracy" in view["reason"], view["reason"]
-    _wait(lambda: fleet.release(canary) == 2, 90, f"{canary} reverted to release 2")
-    assert all(fleet.release(d) == 2 for d in LINES)
+    back = before[canary]
+    _wait(lambda: fleet.release(canary) == back, 90, f"{canary} reverted to release {back}")
+    _wait(lambda: fleet.rollout(rid)["phase"] == "rolled_back", 60, "the rollback to finish")
+    view = fleet.rollout(rid)
+    assert view["reason"].endswith("every reverted device runs its previous bundle"), view
+    assert view["stuck"] == []
+    assert {d: fleet.release(d) for d in LINES} == before
 
 
 def _drift(fleet: Fleet, line: str) -> list[dict[str, Any]]:
