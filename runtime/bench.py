@@ -47,6 +47,9 @@ class LoadResult:
     elapsed_s: float
     rate_rps: float | None  # offered rate; None for closed loop
     stages: dict[str, Any] = field(default_factory=dict)
+    unfinished: int = 0
+    """Sent, not refused, and still in flight when the drain's wait ended: every request
+    sent is counted once, in completed, refused, expired, failed or unfinished."""
 
     @property
     def throughput_rps(self) -> float:
@@ -204,6 +207,7 @@ def run_open_loop(
     bar.done()
     elapsed = (time.perf_counter_ns() - start) / 1e9
     with collector.lock:
+        done = collector.completed + collector.expired + collector.failed + refused
         return LoadResult(
             summarize(collector.hist),
             total,
@@ -213,6 +217,7 @@ def run_open_loop(
             collector.failed,
             min(elapsed, duration_s) if collector.completed else elapsed,
             rate_rps,
+            unfinished=max(0, total - done),
         )
 
 
@@ -251,6 +256,7 @@ def run_closed_loop(
     bar.done()
     end = time.perf_counter_ns()
     with collector.lock:
+        done = collector.completed + collector.expired + collector.failed
         return LoadResult(
             summarize(collector.hist),
             sent[0],
@@ -260,6 +266,7 @@ def run_closed_loop(
             collector.failed,
             (end - start) / 1e9,
             None,
+            unfinished=max(0, sent[0] - done),
         )
 
 

@@ -121,6 +121,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "refused": run.refused,
         "expired": run.expired,
         "failed": run.failed,
+        "unfinished": run.unfinished,
         "stages": stages,
     }
     print(format_bench(result))
@@ -156,7 +157,7 @@ def format_bench(r: dict[str, Any]) -> str:
             )
     counts = (
         f"\nsent {r['sent']}  completed {r['completed']}  refused {r['refused']}  "
-        f"expired {r['expired']}  failed {r['failed']}"
+        f"expired {r['expired']}  failed {r['failed']}  unfinished {r['unfinished']}"
     )
     return head + "\n".join(rows + stage_rows) + counts
 

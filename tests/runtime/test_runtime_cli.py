@@ -55,7 +55,15 @@ def test_bench_writes_the_documented_json_keys(real_models_dir: Path, tmp_path: 
         assert key in data, key
     assert data["workers"] == 2
     assert data["backend"] == "onnx"
-    assert data["completed"] == data["sent"] == 200
+    assert data["sent"] == 200  # --rate 200 for --duration 1
+    # every request once, however loaded the machine (a stall refuses or delays some)
+    counts = [data[k] for k in ("completed", "refused", "expired", "failed", "unfinished")]
+    assert sum(counts) == data["sent"], data
+    assert data["completed"] >= 1
+    assert (
+        "sent 200  completed {}  refused {}  expired {}  failed {}  unfinished {}".format(*counts)
+        in proc.stdout
+    )
     assert data["pool_p50_ms"] > 0
     assert data["bare_p50_ms"] > 0
     assert "bare" in proc.stdout
