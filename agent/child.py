@@ -31,6 +31,7 @@ from typing import Any
 
 from agent.config import AgentConfig, load_config
 from agent.echo import echo_decision
+from agent.kernel import secrets
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.signals import SignalRelay
 
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "--standby", action="store_true", help="hotpath: wait on stdin to take over"
     )
     args = parser.parse_args(argv)
+    secrets.receive_handoff()  # before anything starts a process of its own
     die_with_parent()
     if args.standby:
         name_process("standby")

@@ -21,6 +21,7 @@ from agent.discovery.cli import add_parser as add_cameras_parser
 from agent.echo import echo_decision
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
+from agent.kernel import secrets
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
 from agent.kernel.signals import SignalRelay
@@ -55,6 +56,8 @@ def _config(args: argparse.Namespace) -> AgentConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     logging.getLogger().setLevel(cfg.agent.log_level.upper())
+    # No process started from here on inherits a secret in its environment.
+    secrets.hold_from_environment(secrets.secret_names(cfg))
     if not args.single_process:
         from agent.supervisor import run_supervised  # noqa: PLC0415 - commands stay light
 

@@ -44,7 +44,7 @@ from agent.child import ENV_LAST_EXIT, ENV_RECOVER, ENV_SOCKET, ENV_STARTS
 from agent.config import AgentConfig
 from agent.control.client import ControlClient
 from agent.control.protocol import ControlError
-from agent.kernel import sdnotify
+from agent.kernel import sdnotify, secrets
 from agent.kernel.signals import SignalRelay
 from agent.watchdog import HotPathWatch
 from runtime.profiles import load_profile
@@ -142,7 +142,12 @@ class Supervisor:
         child.starts += 1
         child.started_at = time.monotonic()
         stdin = subprocess.PIPE if child is self.standby else None
-        child.proc = subprocess.Popen(child.argv, env=self._env(child), stdin=stdin)
+        env, fds = self._env(child), list[int]()
+        env.update(secrets.handoff(fds))  # secrets through a pipe, never the environment
+        try:
+            child.proc = subprocess.Popen(child.argv, env=env, stdin=stdin, pass_fds=fds)
+        finally:
+            secrets.close_handoff(fds)
         log.info("%s started (pid %d, start %d)", child.role, child.proc.pid, child.starts)
 
     def _start_hotpath(self, now: float) -> None:

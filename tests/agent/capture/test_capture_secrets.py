@@ -115,12 +115,18 @@ def test_a_decoder_childs_command_line_and_environment_hold_no_password(
     assert_no_secret(procs, SECRET)
 
 
+@pytest.mark.parametrize("given", ["credentials", "environment"])
 def test_the_agent_runs_its_decoder_children_without_the_password_in_view(
-    secure_server: RtspServer, tmp_path: Path
+    secure_server: RtspServer, tmp_path: Path, given: str
 ) -> None:
+    """Every process below ``edge-agent run`` (hot path, companion, runtime workers, the
+    ffmpeg child) is read: with the password in ``$CREDENTIALS_DIRECTORY``, and with it
+    in the agent's environment, which the agent's own processes then get through a pipe
+    (the camera opening with it shows it arrived)."""
     credentials = tmp_path / "credentials"
     credentials.mkdir(mode=0o700)
-    (credentials / "CAM_PASSWORD").write_text(SECRET + "\n")
+    if given == "credentials":
+        (credentials / "CAM_PASSWORD").write_text(SECRET + "\n")
     bundle = make_bundle(tmp_path).path
     config = tmp_path / "agent.toml"
     config.write_text(
@@ -134,6 +140,8 @@ def test_the_agent_runs_its_decoder_children_without_the_password_in_view(
     )
     env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
     env["CREDENTIALS_DIRECTORY"] = str(credentials)
+    if given == "environment":
+        env["CAM_PASSWORD"] = SECRET
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -152,6 +160,7 @@ def test_the_agent_runs_its_decoder_children_without_the_password_in_view(
         wait_for(lambda: "decoding with software (key frames" in log.read_text(), 30, "ffmpeg")
         procs = child_processes(proc.pid, exclude=None)
         assert {"ffmpeg"} <= programs(procs)
+        assert len(procs) >= 3, procs  # hot path, companion, ffmpeg at least
         assert_no_secret(procs, SECRET)
         text = log.read_text(errors="replace")
         assert all(form.decode() not in text for form in forms(SECRET))
