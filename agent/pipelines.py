@@ -91,6 +91,9 @@ class Pipelines:
         """Every candidate's totals since this agent started (kept across reloads)."""
         self._loaded: dict[str, tuple[list[Path], ShadowRef | None]] = {}
         self._shadow_plans: dict[str, ShadowPlan] = {}
+        self._delivered_at_start: dict[str, int] = {}
+        """Per pipeline: what its source had delivered when its runner started (the
+        switch, after a reload), for :meth:`bundle_health`."""
         self._reload_lock = threading.Lock()
 
     def start(self) -> None:
@@ -148,8 +151,10 @@ class Pipelines:
             self._start_all()
 
     def bundle_health(self, bundle: str) -> Mapping[str, float]:
-        """Worker restarts, inference errors and inference p95 of the pipelines that run
-        ``bundle`` (the health probe of a bundle on trial).
+        """Worker restarts, inference errors, inferences and inference p95 of the
+        pipelines that run ``bundle`` (the health probe of a bundle on trial), the inputs
+        their sources delivered and the pipelines that decided none of them: every
+        counter since the pipelines (and their pool) started, i.e. since the switch.
 
         Raises:
             RuntimeError: no running pipeline uses the bundle.
@@ -164,11 +169,19 @@ class Pipelines:
         models = [s.model for r in runners for s in r.stages if s.bundle.manifest.name == bundle]
         stats = pool.stats()["models"]
         p95 = max(float(stats[m]["stages"]["inference"].get("p95_ms", 0.0)) for m in models)
+        delivered = {
+            r.name: max(0, _delivered(r.source) - self._delivered_at_start.get(r.name, 0))
+            for r in runners
+        }
         return {
             "worker_crashes": float(pool.restarts()),
             "inference_errors": float(sum(r.stats.errors for r in runners)),
             "p95_ms": p95,
             "inferences": float(sum(r.stats.decided for r in runners)),
+            "frames": float(sum(delivered.values())),
+            "pipelines_without_inference": float(
+                sum(1 for r in runners if delivered[r.name] and not r.stats.decided)
+            ),
         }
 
     def pipeline_of(self, source: str) -> str:
@@ -419,6 +432,7 @@ class Pipelines:
             in_flight=max(1, min(MAX_IN_FLIGHT, self.pool.config.workers)),
         )
         self.runners.append(runner)
+        self._delivered_at_start[name] = _delivered(source)
         self._loaded[name] = ([b.path for b in plan.bundles], self._shadow_ref(plan.config))
         self._start_shadow(runner)
         if isinstance(source, Camera):
@@ -444,3 +458,13 @@ class Pipelines:
     def _camera_state(self, name: str, up: bool, reason: str) -> None:
         # the camera logs its own transitions; here they become the up/down gauge
         self.metrics.camera_up.labels(camera=name).set(1 if up else 0)
+
+
+def _delivered(source: object) -> int:
+    """Inputs a source has delivered so far: a camera's frames, a sensor's windows."""
+    if isinstance(source, Camera):
+        return source.stats().frames_captured
+    if isinstance(source, SensorSource):
+        windows = source.stats().get("windows", 0)
+        return windows if isinstance(windows, int) and not isinstance(windows, bool) else 0
+    return 0

@@ -165,6 +165,7 @@ class PoolProbe:
         self.crashes = 0
         self.errors = 0
         self.times: list[float] = []
+        self.runs = 0
         self._restarts0 = trial.pool.restarts()
 
     def __call__(self) -> dict[str, float]:
@@ -179,9 +180,11 @@ class PoolProbe:
                 self.errors += 1
         restarts = self.trial.pool.restarts() - self._restarts0
         p95 = float(np.percentile(np.asarray(self.times), 95)) if self.times else 0.0
+        self.runs += self.runs_per_call
         return {
             "worker_crashes": float(max(self.crashes, restarts)),
             "inference_errors": float(self.errors),
             "p95_ms": p95,
             "inferences": float(len(self.times)),
+            "frames": float(self.runs),  # its inputs: the sample, run by the probe itself
         }

@@ -17,7 +17,10 @@ class InstallerConfig(Section):
         10.0,
         gt=0,
         le=MAX_TIMEOUT_S,
-        description="Longest wait for one inference during the checks.",
+        description=(
+            "Longest wait for one inference during the checks, and for a first live one "
+            "after the health window when frames came and none was decided."
+        ),
     )
     health_window_s: float = Field(
         60.0,

@@ -300,7 +300,9 @@ class Installer:
                 trial.close()
         j = self._finish(d, j, Status.COMMITTED, Step.COMMIT, "")
         counters = verdict.counters.as_dict() if verdict.counters else None
-        self._report(j, j.target, benchmark_p95_ms=bench.p95_ms, health=counters)
+        self._report(
+            j, j.target, benchmark_p95_ms=bench.p95_ms, health=counters, health_idle=verdict.idle
+        )
         self._cp("done")
         assert j.target is not None  # noqa: S101 - set by _install_locked
         return InstallResult("committed", j.target, slot, path, bench, counters)
@@ -309,9 +311,13 @@ class Installer:
         self, probe: health.HealthProbe, limits: health.HealthLimits, window: float, name: str
     ) -> health.HealthVerdict:
         poll = min(self.config.health_poll_s, max(window, 0.05))
-        verdict = health.run_window(probe, limits, window_s=window, poll_s=poll)
+        verdict = health.run_window(
+            probe, limits, window_s=window, poll_s=poll, grace_s=self.config.run_timeout_s
+        )
         if not verdict.ok:
             raise InstallError(Step.HEALTH.value, f"health window: {verdict.reason}", name)
+        if verdict.idle:
+            log.warning("%s committed on an idle line: %s", name, verdict.reason)
         return verdict
 
     def _undo(

@@ -6,6 +6,9 @@
 - :func:`make_bright_fails_bundle`: runs on a dark frame (the self-benchmark's frame of
   zeros) and fails in the runtime on a bright one: a Reshape whose target shape grows
   by one when the image's maximum is over 0.5.
+- :func:`make_bright_hangs_bundle`: runs on a dark frame and, on a bright one, loops
+  :data:`HANG_TRIPS` times before it answers (minutes): no inference completes and none
+  fails within a test's health window.
 """
 
 from __future__ import annotations
@@ -94,6 +97,58 @@ def make_bright_fails_bundle(
         consts,
     )
     model = _save(graph, work / f"{name}.onnx", f"bright fails {release}")
+    return _finish(model, work / "bundle", name, version, release, 1000.0)
+
+
+HANG_TRIPS = 10**9
+"""Loop trips of :func:`make_bright_hangs_bundle` on a bright frame (about 2 µs each)."""
+
+
+def make_bright_hangs_bundle(
+    root: Path, *, name: str = "cls", version: str = "2.0.0", release: int = 2
+) -> Bundle:
+    """Runs on dark frames; every bright frame keeps a worker busy for minutes."""
+    work = Path(tempfile.mkdtemp(prefix="bright-hangs-", dir=root))
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["v_in", "one"], ["v_out"]),
+        ],
+        "spin",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, []),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, []),
+        ],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    consts = [
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        numpy_helper.from_array(np.array(HANG_TRIPS, np.int64), "trips_if_bright"),
+        numpy_helper.from_array(np.array(True), "true"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
+            helper.make_node("Greater", ["m", "half"], ["bright"]),
+            helper.make_node("Cast", ["bright"], ["flag"], to=TensorProto.INT64),
+            helper.make_node("Mul", ["flag", "trips_if_bright"], ["trips"]),
+            helper.make_node("Loop", ["trips", "true", "zero"], ["v"], body=body),
+            helper.make_node("ReduceMean", ["x"], ["mean"], axes=[2, 3], keepdims=0),
+            helper.make_node("Mul", ["v", "zero"], ["nil"]),
+            helper.make_node("Add", ["mean", "nil"], ["y"]),
+        ],
+        "bright_hangs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        consts,
+    )
+    model = _save(graph, work / f"{name}.onnx", f"bright hangs {release}")
     return _finish(model, work / "bundle", name, version, release, 1000.0)
 
 

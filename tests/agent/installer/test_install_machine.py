@@ -280,15 +280,126 @@ class FakeClock:
         self.now += s
 
 
-def test_health_window_judges_increases_over_the_baseline() -> None:
+def test_health_window_counts_from_the_switch_not_from_its_first_poll() -> None:
+    """Errors the new bundle made before the window's first poll are its own: the probe
+    reports counters since the switch, and the window judges them as they are."""
     clock = FakeClock()
-    answers = iter([{"worker_crashes": 3, "inference_errors": 7, "p95_ms": 1.0}] * 11)
+    answers = iter([{"worker_crashes": 0, "inference_errors": 7, "p95_ms": 1.0}] * 11)
+    verdict = health.run_window(
+        lambda: next(answers), LIMITS, window_s=1.0, poll_s=0.1, clock=clock, sleep=clock.sleep
+    )
+    assert not verdict.ok
+    assert "7 inference error(s)" in verdict.reason
+    assert verdict.polls == 0
+
+
+def test_health_window_within_limits_polls_for_the_whole_window() -> None:
+    clock = FakeClock()
+    answers = iter(
+        [{"worker_crashes": 0, "inference_errors": 0, "p95_ms": 1.0, "inferences": 5}] * 11
+    )
     verdict = health.run_window(
         lambda: next(answers), LIMITS, window_s=1.0, poll_s=0.1, clock=clock, sleep=clock.sleep
     )
     assert verdict.ok
+    assert not verdict.idle
     assert verdict.polls == 10
     assert clock.now == pytest.approx(1.0)
+
+
+def _counting(frames_per_poll: int, inferences_per_poll: int) -> health.HealthProbe:
+    polls = iter(range(1000))
+
+    def probe() -> dict[str, float]:
+        n = next(polls)
+        return {
+            "worker_crashes": 0,
+            "inference_errors": 0,
+            "p95_ms": 0.0,
+            "inferences": float(n * inferences_per_poll),
+            "frames": float(n * frames_per_poll),
+        }
+
+    return probe
+
+
+def test_a_window_with_frames_and_no_inference_fails_after_the_grace() -> None:
+    """The bundle whose every inference hangs or fails slowly: frames came, nothing was
+    decided, no error was counted yet. The window waits ``grace_s`` more, then fails."""
+    clock = FakeClock()
+    verdict = health.run_window(
+        _counting(30, 0),
+        LIMITS,
+        window_s=1.0,
+        poll_s=0.1,
+        grace_s=2.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert not verdict.ok
+    assert "no inference completed since the switch" in verdict.reason
+    assert "input(s)" in verdict.reason
+    assert verdict.counters is not None
+    assert verdict.counters.frames == 30 * verdict.polls
+    assert clock.now == pytest.approx(3.0)
+
+
+def test_a_pipeline_without_inference_fails_though_another_decides() -> None:
+    counters = health.HealthCounters(0, 0, 1.0, 40, 80, pipelines_without_inference=1)
+    verdict = health.judge_end(counters, LIMITS)
+    assert not verdict.ok
+    assert "in 1 pipeline(s)" in verdict.reason
+
+
+def test_a_first_inference_in_the_grace_passes() -> None:
+    waiting = {"worker_crashes": 0, "inference_errors": 0, "p95_ms": 1.0, "frames": 3}
+    answers = iter([{**waiting, "inferences": 0}] * 11 + [{**waiting, "inferences": 1}])
+    clock = FakeClock()
+    verdict = health.run_window(
+        lambda: next(answers),
+        LIMITS,
+        window_s=1.0,
+        poll_s=0.1,
+        grace_s=5.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert verdict.ok, verdict.reason
+    assert verdict.polls == 11
+    assert clock.now == pytest.approx(1.1)
+
+
+def test_an_idle_line_passes_marked_idle() -> None:
+    """No frames at all: the bundle was judged by its self-benchmark alone (ADR 0019)."""
+    clock = FakeClock()
+    verdict = health.run_window(
+        _counting(0, 0),
+        LIMITS,
+        window_s=1.0,
+        poll_s=0.1,
+        grace_s=2.0,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert verdict.ok
+    assert verdict.idle
+    assert "idle line" in verdict.reason
+    assert clock.now == pytest.approx(1.0)  # no grace: nothing to wait for
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, True, "3"])
+def test_a_malformed_frames_counter_fails_the_window(bad: object) -> None:
+    clock = FakeClock()
+    verdict = health.run_window(
+        lambda: {"worker_crashes": 0, "inference_errors": 0, "p95_ms": 1.0, "frames": bad},  # type: ignore[dict-item]
+        LIMITS,
+        window_s=1.0,
+        poll_s=0.5,
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert not verdict.ok
+    assert "frames" in verdict.reason
 
 
 def test_health_window_fails_at_the_first_bad_poll() -> None:
