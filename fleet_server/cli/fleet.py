@@ -330,11 +330,14 @@ def _rollout_lines(r: dict[str, Any]) -> list[str]:
             f"{gate.get('accuracy_upper', '-')}, {gate.get('accuracy_labels', 0)} labels): "
             f"{gate['accuracy_status']}"
         )
+    lines += [f"stuck     {s['device_id']}: {s['why']}" for s in r.get("stuck") or []]
     devices = r.get("devices") or []
     if devices:
         lines.append(f"  {'DEVICE':<24} {'WAVE':<5} STATUS")
         lines += [
-            f"  {d['device_id']:<24} {d.get('wave') or '-'!s:<5} {d['status']}" for d in devices
+            f"  {d['device_id']:<24} {d.get('wave') or '-'!s:<5} {d['status']}"
+            + (f"  ({d['why']})" if d.get("why") else "")
+            for d in devices
         ]
     return lines
 
@@ -359,6 +362,23 @@ def cmd_rollouts_act(args: argparse.Namespace) -> int:
     path = f"/rollouts/{_q(args.rollout)}/{args.action}"
     r = client(args).call("POST", path, {"reason": args.reason})
     return _emit(args, r, [f"{args.action}: rollout {r['rollout_id']} is {r['phase']}"])
+
+
+def cmd_rollouts_resolve(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"reason": args.reason}
+    if args.assign is not None:
+        body |= {"how": "assign", "release": args.assign}
+    else:
+        body["how"] = "retry" if args.retry else "accept"
+    path = f"/rollouts/{_q(args.rollout)}/devices/{_q(args.device)}/resolve"
+    r = client(args).call("POST", path, body)
+    (d,) = [x for x in r.get("devices") or [] if x["device_id"] == args.device] or [{}]
+    status = d.get("status", "?") + (f" ({d['why']})" if d.get("why") else "")
+    return _emit(
+        args,
+        r,
+        [f"{body['how']}: {args.device} is {status}; rollout {r['rollout_id']} is {r['phase']}"],
+    )
 
 
 def _q(part: str) -> str:
@@ -434,12 +454,13 @@ def add_fleet_commands(commands: Any) -> None:
     rollouts = _group(
         commands,
         "rollouts",
-        "staged rollouts: create, status, pause, resume, approve, cancel, rollback",
+        "staged rollouts: create, status, pause, resume, approve, cancel, rollback, resolve",
         "examples:\n  fleetctl rollouts create --bundle detector@1.4.0 "
         "--select 'line=3,profile=jetson-orin' --waves 1,10%,50%,100% --soak 10m\n"
         "  fleetctl rollouts create --bundle detector@1.4.0 --select line=3 --shadow 2h "
         "--shadow-min 500 --min-agreement 0.97 --min-accuracy 0.9 --min-labels 100\n"
-        "  fleetctl rollouts status\n  fleetctl rollouts pause ID --reason 'line stop'",
+        "  fleetctl rollouts status\n  fleetctl rollouts pause ID --reason 'line stop'\n"
+        "  fleetctl rollouts resolve ID cam-07 --assign 3 --reason 'known good'",
     )
     create = rollouts.add_parser("create", parents=[common], help="start a rollout")
     create.add_argument("--bundle", required=True, metavar="NAME@VERSION")
@@ -465,4 +486,23 @@ def add_fleet_commands(commands: Any) -> None:
         p.add_argument("rollout", help="rollout id")
         p.add_argument("--reason", default="", help="why (kept in the rollout's history)")
         p.set_defaults(func=cmd_rollouts_act, action=action)
+    resolve = rollouts.add_parser(
+        "resolve",
+        parents=[common],
+        help="resolve a stuck device of a rollout that is rolling back",
+        epilog="examples:\n  fleetctl rollouts resolve ID cam-07 --retry\n"
+        "  fleetctl rollouts resolve ID cam-07 --assign 3\n"
+        "  fleetctl rollouts resolve ID cam-07 --accept --reason 'checked on site'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resolve.add_argument("rollout", help="rollout id")
+    resolve.add_argument("device", help="the stuck (or still reverting) device")
+    how = resolve.add_mutually_exclusive_group(required=True)
+    how.add_argument("--retry", action="store_true", help="send its revert again")
+    how.add_argument(
+        "--assign", type=int, metavar="RELEASE", help="send it to this release of the bundle"
+    )
+    how.add_argument("--accept", action="store_true", help="accept what it runs as it is")
+    resolve.add_argument("--reason", default="", help="why (kept in the rollout's events)")
+    resolve.set_defaults(func=cmd_rollouts_resolve)
     add_db(commands)

@@ -40,3 +40,34 @@ def test_rollouts_create_takes_the_shadow_and_accuracy_options(
     )  # fmt: skip
     assert "400" in bad
     assert "min_agreement" in bad
+
+
+def test_rollouts_resolve_shows_and_resolves_a_stuck_device(
+    api: RunningApi,  # noqa: F811
+) -> None:
+    engine = api.ctx.engine
+    store.upsert_device(engine, "d0", labels={"line": "4"}, profile="jetson-orin")
+    store.mark_seen(engine, "d0", 100.0, True)
+    created = json.loads(
+        ok(api, "rollouts", "create", "--bundle", "tiny@1.0.0", "--select", "line=4",
+           "--waves", "100%", "--json")
+    )  # fmt: skip
+    rid = created["rollout_id"]
+    assert created["devices"][0]["status"] == "assigned"
+    ok(api, "rollouts", "rollback", rid, "--reason", "bad batch")
+    shown = ok(api, "rollouts", "status", rid)
+    # d0 reported no bundle before the rollout: nothing to return it to, and it says so
+    assert "stuck     d0: no bundle to return to: it reported none before the rollout" in shown
+    refused = fails(api, "rollouts", "resolve", rid, "d0", "--retry")
+    assert "409" in refused
+    assert "d0 has no bundle to return to" in refused
+    assigned = ok(api, "rollouts", "resolve", rid, "d0", "--assign", "1")
+    assert f"assign: d0 is reverting; rollout {rid} is rolling_back" in assigned
+    accepted = json.loads(
+        ok(api, "rollouts", "resolve", rid, "d0", "--accept", "--reason", "on site", "--json")
+    )
+    assert accepted["phase"] == "rolled_back"
+    (d0,) = accepted["devices"]
+    assert d0["status"] == "accepted"
+    # it never reported a bundle (no agent in this test); who accepted it is kept
+    assert d0["why"] == "accepted as it is (no bundle) by @operator-token: on site"
