@@ -30,6 +30,7 @@ EXIT_ERROR = 2
 DEFAULT_CONFIG = "/etc/edgefleet/agent.toml"
 DEFAULT_STATE_DIR = "/var/lib/edgefleet/agent"
 DEFAULT_CREDENTIALS = "/etc/edgefleet/credentials/agent"
+DEFAULT_HTTP_PORT = 9464
 FROM_STDIN = "-"
 _MAX_TOKEN = 4096
 
@@ -45,6 +46,7 @@ EPILOG = """examples:
       --credentials-dir creds --systemd-dropin-dir '' --force
   printf '%s\\n' "$TOKEN" | edge-agent setup --camera /dev/video0 --bundle /media/usb/cls \\
       --fleet http://fleet.example:8080 --token -
+  edge-agent setup --force --camera rtsp://10.0.0.22/stream1   # another camera, all else kept
 
 --camera takes a V4L2 device (/dev/video0, or 0), an rtsp:// or http:// (MJPEG) URL, an
 ONVIF camera found by WS-Discovery (onvif:ADDRESS or onvif:urn:uuid:ENDPOINT, as
@@ -54,8 +56,12 @@ capture device found. The camera password is never written: --camera-password-en
 the secret (environment variable, or a file of that name in the credentials directory).
 --bundle is copied into the state directory and run by one
 pipeline per camera; a signed bundle of the same name from the fleet or a side-load takes
-over. An existing config is refused without --force; with it, setup writes the same
-files again (an enrollment with the same fleet and device id is kept).
+over. An existing config is refused without --force; with it, setup writes the files
+again and keeps what no option changes: --camera replaces the cameras (setup's own
+pipelines follow them), --bundle the pipelines, --fleet enables [uplink] and [bundles];
+every other section and key stays (the report names them), and an enrollment with the
+same fleet and device id is kept: --fleet URL alone needs no new token. Where a kept
+pipeline would lose its camera, setup refuses and changes nothing.
 """
 
 
@@ -71,9 +77,13 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"(default {DEFAULT_CONFIG})")
-    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"(default {DEFAULT_STATE_DIR})")
     p.add_argument(
-        "--profile", default="auto", help="firmware profile name or TOML path (default auto)"
+        "--state-dir",
+        help=f"(default: the existing config's, else {DEFAULT_STATE_DIR})",
+    )
+    p.add_argument(
+        "--profile",
+        help="firmware profile name or TOML path (default: the existing config's, else auto)",
     )
     p.add_argument(
         "--camera",
@@ -83,11 +93,20 @@ def add_parser(sub: Any) -> None:
         help="a camera (repeat for more); default: every V4L2 capture device found",
     )
     p.add_argument("--bundle", metavar="DIR", help="a bundle directory for the pipelines")
-    p.add_argument("--fleet", metavar="URL", help="enroll with this fleet server")
-    p.add_argument("--token", help="the one-time enrollment token, or - to read stdin")
-    p.add_argument("--device-id", help="this device's id (default: the host name)")
     p.add_argument(
-        "--http-port", type=int, default=9464, help="local /healthz and /metrics port (9464)"
+        "--fleet",
+        metavar="URL",
+        help="enroll with this fleet server (an enrollment with it is kept, no --token)",
+    )
+    p.add_argument("--token", help="the one-time enrollment token, or - to read stdin")
+    p.add_argument(
+        "--device-id", help="this device's id (default: the existing config's, else the host name)"
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        help=f"local /healthz and /metrics port (default: the existing config's, else "
+        f"{DEFAULT_HTTP_PORT})",
     )
     p.add_argument(
         "--credentials-dir",
@@ -138,7 +157,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--dev-dir", default=str(DEV_DIR), help=f"where device nodes are (default {DEV_DIR})"
     )
-    p.add_argument("--force", action="store_true", help="write over an existing config")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write over an existing config, keeping what no option changes",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.set_defaults(func=cmd_setup)
 
@@ -217,20 +240,23 @@ def cmd_setup(args: argparse.Namespace) -> int:
         return _list_cameras(args, sysfs, dev)
     from agent.setup.device import SetupOptions, setup_device  # noqa: PLC0415 - keep edge-agent light
 
-    if (args.fleet is None) != (args.token is None):
-        print("edge-agent: setup: --fleet and --token go together", file=sys.stderr)
+    if args.token is not None and args.fleet is None:
+        print(
+            "edge-agent: setup: --token needs --fleet (the server it enrolls with)", file=sys.stderr
+        )
         return EXIT_ERROR
+    given = {"state_dir": args.state_dir, "profile": args.profile, "http_port": args.http_port}
     opts = SetupOptions(
         config=Path(args.config),
-        state_dir=Path(args.state_dir).absolute(),
-        profile=args.profile,
+        state_dir=Path(args.state_dir or DEFAULT_STATE_DIR).absolute(),
+        profile=args.profile or "auto",
         cameras=tuple(args.camera),
         bundle=Path(args.bundle) if args.bundle else None,
         fleet=args.fleet,
         credentials_dir=Path(args.credentials_dir),
         dropin_dir=Path(args.systemd_dropin_dir) if args.systemd_dropin_dir else None,
         device_id=args.device_id,
-        http_port=args.http_port,
+        http_port=DEFAULT_HTTP_PORT if args.http_port is None else args.http_port,
         owner=args.owner,
         force=args.force,
         sysfs_root=sysfs,
@@ -240,6 +266,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
         discover_timeout_s=args.discover_timeout,
         discover_interface=args.discover_interface,
         discover_ip=args.discover_ip,
+        given=frozenset(k for k, v in given.items() if v is not None),
     )
     report = setup_device(opts, _token_reader(args.token))
     if args.json:

@@ -2,7 +2,9 @@
 
 Order, so that bad input changes nothing (every check before the first write):
 
-1. an existing config is refused without ``force``;
+1. an existing config is refused without ``force``; with it, the file is read and what
+   setup is not asked to change is kept (:mod:`agent.setup.previous`), or setup refuses,
+   naming what would be lost;
 2. the profile, the device id, each camera (a V4L2 node is asked with real ioctls), the
    bundle (its manifest loads and lists the profile) and the owner are resolved, the
    config is rendered and parsed by the agent's own parser;
@@ -25,14 +27,10 @@ import socket
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from agent.config import load_config
-from agent.directives.config import BundlesConfig
-from agent.directives.link import trust_dir
-from agent.enrollment.identity import Identity, enroll
 from agent.kernel.bundle import load_bundle
 from agent.kernel.durable import copy_durable, fsync_dir, hash_file, make_dirs
 from agent.kernel.errors import EdgefleetError
@@ -47,7 +45,9 @@ from agent.setup.cameras import (
     list_cameras,
     probe,
 )
+from agent.setup.enrolling import enroll_device, enrollment, kept_enrollment
 from agent.setup.errors import SetupError
+from agent.setup.previous import Previous, lost_pipelines, read_previous
 from agent.setup.profile import ChosenProfile, choose_profile
 from agent.setup.writer import BundleEntry, CameraEntry, DevicePlan, check, render, write_config
 from agent.wire.topics import is_device_id
@@ -57,6 +57,8 @@ SERVICE_USER = "edgefleet"
 SYNTHETIC = ("test", "synthetic")
 LOCAL_BUNDLES = "local-bundles"
 MAX_BUNDLE_FILES = 1000
+KEPT_UNLESS_GIVEN = ("state_dir", "profile", "http_port")
+"""Options with a default that an existing config's value overrides unless given."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class SetupOptions:
     discover_timeout_s: float = 3.0
     discover_interface: str | None = None
     discover_ip: str = "both"
+    given: frozenset[str] = frozenset(KEPT_UNLESS_GIVEN)
+    """Which of :data:`KEPT_UNLESS_GIVEN` the user gave; over an existing config, the
+    others are taken from it (the command line leaves out what was not typed)."""
 
 
 @dataclass
@@ -190,8 +195,13 @@ def camera_entry(
     raise SetupError(what, "not a device, a file, a directory or a URL")
 
 
-def _cameras(opts: SetupOptions, report: SetupReport) -> list[CameraEntry]:
+def _cameras(
+    opts: SetupOptions, report: SetupReport, previous: Previous | None = None
+) -> tuple[list[CameraEntry], list[dict[str, Any]] | None]:
+    """The cameras given (replacing the previous config's), else the previous config's
+    as they were, else every V4L2 capture device found."""
     entries: list[CameraEntry] = []
+    old = previous.tables("cameras") if previous is not None else []
     if opts.cameras:
         names = [f"cam{i}" for i in range(len(opts.cameras))]
         discovered = _onvif(opts, names)
@@ -202,14 +212,24 @@ def _cameras(opts: SetupOptions, report: SetupReport) -> list[CameraEntry]:
                     entry, username=opts.camera_user, password_env=opts.camera_password_env
                 )
             entries.append(entry)
-        return entries
+        if old:
+            was = ", ".join(str(c.get("name", "?")) for c in old)
+            report.done.append(f"replaced the previous cameras ({was}) with --camera's")
+        return entries, None
+    if old:
+        for c in old:
+            entry = CameraEntry(
+                str(c.get("name", "")), str(c.get("kind", "")), str(c.get("uri", ""))
+            )
+            entries.append(entry)
+        return entries, old
     found = list_cameras(opts.sysfs_root, opts.dev_dir)
     report.found = [c.to_dict() for c in found]
     for cam in found:
         if cam.capture and not cam.error:
             entry, _ = camera_entry(cam.device, f"cam{len(entries)}", opts.dev_dir)
             entries.append(entry)
-    return entries
+    return entries, None
 
 
 def _onvif(opts: SetupOptions, names: list[str]) -> dict[str, CameraEntry]:
@@ -242,60 +262,6 @@ def _bundle(opts: SetupOptions, profile: str) -> BundleEntry | None:
     m = bundle.manifest
     dest = opts.state_dir / LOCAL_BUNDLES / f"{m.name}-{m.version}"
     return BundleEntry(m.name, str(m.version), dest)
-
-
-def _enrollment(opts: SetupOptions, device_id: str) -> tuple[Identity | None, bool]:
-    """The identity already there, and whether enrolling is needed."""
-    if opts.fleet is None:
-        return None, False
-    try:
-        have = Identity.load(opts.state_dir)
-    except EdgefleetError as exc:
-        if not opts.force:
-            raise SetupError("enrollment", f"{exc} (give --force to enroll again)") from None
-        return None, True
-    if have is None:
-        return None, True
-    same = have.device_id == device_id and have.server_url == opts.fleet
-    if same:
-        return have, False
-    if not opts.force:
-        raise SetupError(
-            "--fleet",
-            f"this device is enrolled as {have.device_id} with {have.server_url or '?'}: "
-            "give --force to enroll again",
-        )
-    return have, True
-
-
-def _enroll(opts: SetupOptions, device_id: str, token: str, replace: bool) -> Identity:
-    created = not opts.state_dir.exists()
-    try:
-        make_dirs(opts.state_dir.parent, mode=0o755)
-        make_dirs(opts.state_dir, mode=0o750)
-    except OSError as exc:
-        raise SetupError("--state-dir", f"cannot create {opts.state_dir}: {exc.strerror}") from exc
-    try:
-        return enroll(
-            opts.fleet or "",
-            token,
-            opts.state_dir,
-            device_id,
-            trust_dir=trust_dir(BundlesConfig(), opts.state_dir),
-            agent_version=_version(),
-            replace=replace,
-        )
-    except EdgefleetError as exc:
-        if created:
-            shutil.rmtree(opts.state_dir, ignore_errors=True)
-        raise SetupError(f"--fleet {opts.fleet}", " ".join(str(exc).split())) from None
-
-
-def _version() -> str:
-    try:
-        return metadata.version("edgefleet")
-    except metadata.PackageNotFoundError:
-        return ""
 
 
 def copy_bundle(src: Path, dest: Path) -> bool:
@@ -348,6 +314,67 @@ def _chown_tree(path: Path, owner: Owner) -> None:
             os.chown(Path(dirpath) / name, owner.uid, owner.gid, follow_symlinks=False)
 
 
+def _with_previous(opts: SetupOptions, previous: Previous | None) -> SetupOptions:
+    """``opts`` with what the user did not give taken from the previous config."""
+    if previous is None:
+        return opts
+    changes: dict[str, Any] = {}
+    state_dir = previous.get("agent", "state_dir")
+    if "state_dir" not in opts.given and isinstance(state_dir, str) and state_dir:
+        path = Path(state_dir)
+        changes["state_dir"] = path if path.is_absolute() else (opts.config.parent / path)
+    profile = previous.get("agent", "profile")
+    if "profile" not in opts.given and isinstance(profile, str) and profile:
+        changes["profile"] = profile
+    port = previous.get("http", "port")
+    if "http_port" not in opts.given and isinstance(port, int) and not isinstance(port, bool):
+        changes["http_port"] = port
+    device_id = previous.get("agent", "device_id")
+    if opts.device_id is None and isinstance(device_id, str) and device_id:
+        changes["device_id"] = device_id
+    return replace(opts, **changes)
+
+
+def _pipelines_over(
+    opts: SetupOptions,
+    previous: Previous | None,
+    cameras: list[CameraEntry],
+    bundle: BundleEntry | None,
+    report: SetupReport,
+) -> tuple[BundleEntry | None, list[dict[str, Any]] | None]:
+    """The bundle setup's pipelines run, or the previous pipelines kept as they were.
+
+    Raises:
+        SetupError: a kept pipeline reads a camera the new cameras drop.
+    """
+    old = previous.tables("pipelines") if previous is not None else []
+    if previous is None or not old:
+        return bundle, None
+    names = ", ".join(str(p.get("name", "?")) for p in old)
+    if bundle is not None:
+        report.done.append(f"replaced the previous pipelines ({names}) with --bundle's")
+        return bundle, None
+    if not opts.cameras:
+        return None, old
+    made = previous.setup_bundle()
+    if made is not None:  # setup's own: one per camera, on the new cameras now
+        name, path = made
+        try:
+            version = str(load_bundle(path).manifest.version)
+        except EdgefleetError:
+            version = ""
+        report.done.append(f"made the pipelines on bundle {name} again for the new cameras")
+        return BundleEntry(name, version, path), None
+    lost = lost_pipelines(previous, {c.name for c in cameras})
+    if lost:
+        raise SetupError(
+            "--camera",
+            f"the pipelines {', '.join(lost)} of {previous.path} read a camera the new "
+            "cameras drop; nothing changed (give --bundle for new pipelines, or edit them)",
+        )
+    return None, old
+
+
 def setup_device(opts: SetupOptions, read_token: Callable[[], str]) -> SetupReport:
     """Configure this device (see the module docstring); ``read_token`` is called only
     when enrolling.
@@ -355,15 +382,21 @@ def setup_device(opts: SetupOptions, read_token: Callable[[], str]) -> SetupRepo
     Raises:
         SetupError: bad input (nothing written), or a step that failed (named).
     """
-    if opts.config.exists() and not opts.force:
-        raise SetupError(
-            str(opts.config), "exists; nothing changed (give --force to write it again)"
-        )
+    previous = None
+    if opts.config.exists():
+        if not opts.force:
+            raise SetupError(
+                str(opts.config), "exists; nothing changed (give --force to write it again)"
+            )
+        previous = read_previous(opts.config)
+    opts = _with_previous(opts, previous)
     chosen = _profile(opts.profile)
     device_id = _device_id(opts.device_id)
     report = SetupReport(str(opts.config), device_id, chosen.name, chosen.reason)
-    cameras = _cameras(opts, report)
-    bundle = _bundle(opts, chosen.name)
+    cameras, camera_tables = _cameras(opts, report, previous)
+    bundle, pipeline_tables = _pipelines_over(
+        opts, previous, cameras, _bundle(opts, chosen.name), report
+    )
     if bundle is not None and not cameras:
         raise SetupError(f"--bundle {opts.bundle}", "no camera to run it on (give --camera)")
     owner = resolve_owner(opts.owner)
@@ -376,22 +409,35 @@ def setup_device(opts: SetupOptions, read_token: Callable[[], str]) -> SetupRepo
         cameras,
         bundle,
         opts.fleet or "",
+        previous,
+        camera_tables,
+        pipeline_tables,
     )
-    text = render(plan)
+    try:
+        text = render(plan)
+    except ValueError as exc:
+        raise SetupError("config", str(exc)) from None
     try:
         check(text, opts.config)
     except EdgefleetError as exc:
         raise SetupError("config", " ".join(str(exc).split())) from None
-    have, needed = _enrollment(opts, device_id)
-    identity = have
+    have, needed = enrollment(opts, device_id)
+    identity = have if opts.fleet else kept_enrollment(opts, device_id, previous, report)
     if needed:
         token = read_token().strip()
         if not token:
-            raise SetupError("--token", "empty (the one-time token from fleetctl devices enroll)")
-        identity = _enroll(opts, device_id, token, replace=have is not None)
+            raise SetupError(
+                "--token",
+                f"needed to enroll with {opts.fleet}, and none was given (the one-time "
+                "token from fleetctl devices enroll; --token - reads it from stdin)",
+            )
+        identity = enroll_device(opts, device_id, token, replace=have is not None)
         report.done.append(f"enrolled {device_id} with {opts.fleet}")
     elif identity is not None:
         report.done.append(f"kept the enrollment with {identity.server_url}")
+    if previous is not None and previous.kept_sections():
+        kept = ", ".join(f"[{k}]" for k in previous.kept_sections())
+        report.done.append(f"kept from the previous config: {kept}")
     _write(opts, report, plan, text, owner, chosen)
     if identity is not None:
         cert = identity.check()

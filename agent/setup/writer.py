@@ -13,19 +13,24 @@ What a fresh device's file holds (docs/adr/0012-first-start-setup.md says why):
   that name, rolled out by the fleet or side-loaded, takes over; the copy stays the
   fallback until then.
 - enrolled: ``[uplink]`` and ``[bundles]`` enabled (reports, decision uploads, directives).
+
+Over an existing config (``--force``), what setup was not asked to change is written back
+as it was (:mod:`agent.setup.previous` says what replaces what).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from agent.config import AgentConfig, parse_config
 from agent.kernel.durable import make_dirs, write_durable
 from agent.kernel.toml import parse_toml
+from agent.setup import tomlout
+from agent.setup.previous import FLEET_SECTIONS, Previous, extra
 
 DEFAULT_LINE = "line1"
 CONFIG_MODE = 0o640
@@ -67,38 +72,93 @@ class DevicePlan:
     cameras: list[CameraEntry] = field(default_factory=list)
     bundle: BundleEntry | None = None
     fleet_url: str = ""
+    previous: Previous | None = None
+    """The config written over: its sections and keys setup does not render are kept."""
+    camera_tables: list[dict[str, Any]] | None = None
+    """The previous config's cameras, written back as they were (no ``--camera``)."""
+    pipeline_tables: list[dict[str, Any]] | None = None
+    """The previous config's pipelines, written back as they were (no ``--bundle``)."""
 
 
 def _s(value: str) -> str:
-    """A TOML basic string (JSON's escapes are TOML's)."""
-    return json.dumps(value, ensure_ascii=False)
+    """A TOML basic string.
+
+    Raises:
+        ValueError: not text TOML can hold (a lone surrogate).
+    """
+    return tomlout.string(value)
 
 
 def render(plan: DevicePlan, now: datetime | None = None) -> str:
-    """The config file's text."""
+    """The config file's text.
+
+    Raises:
+        ValueError: a value is not text TOML can hold (a lone surrogate).
+    """
     when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
+    prev = plan.previous
+    kept = prev.kept_sections() if prev is not None else []
     out = [
         f"# Written by `edge-agent setup` on {when}. Every key: README.md, Configuration.",
         "# Check it with `edge-agent check-config`; `edge-agent setup --force` writes it again.",
+    ]
+    if prev is not None:  # top-level keys of the previous file (before any table)
+        for name in kept:
+            if not isinstance(prev.data[name], (dict, list)):
+                out += tomlout.section(name, prev.data[name])
+    out += [
         "",
         "[agent]",
         f"device_id = {_s(plan.device_id)}",
         f"state_dir = {_s(str(plan.state_dir))}",
         f"profile = {_s(plan.profile)}  # {plan.profile_reason}",
+        *tomlout.body(("agent",), extra(prev, "agent")),
         "",
         "[http]",
         f"port = {plan.http_port}  # /healthz /readyz /metrics on 127.0.0.1",
+        *tomlout.body(("http",), extra(prev, "http")),
     ]
-    if plan.fleet_url:
-        out += [
-            "",
-            f"# Enrolled with {plan.fleet_url}: the identity is in <state_dir>/identity.",
-            "[uplink]",
-            "enabled = true",
-            "",
-            "[bundles]",
-            "enabled = true",
-        ]
+    out += _fleet_sections(plan)
+    out += _cameras(plan)
+    out += _pipelines(plan)
+    if prev is not None:
+        tables = [n for n in kept if isinstance(prev.data[n], (dict, list))]
+        if tables:
+            out += ["", f"# Kept from the previous {prev.path.name} as it was."]
+        for name in tables:
+            out += tomlout.section(name, prev.data[name])
+    return "\n".join(out) + "\n"
+
+
+def _fleet_sections(plan: DevicePlan) -> list[str]:
+    """``[uplink]`` and ``[bundles]``: enabled when enrolling now (their other keys kept),
+    else the previous config's as they were."""
+    prev = plan.previous
+    if not plan.fleet_url:
+        out: list[str] = []
+        for name in FLEET_SECTIONS:
+            if prev is not None and name in prev.data:
+                out += tomlout.section(name, prev.data[name])
+        return out
+    return [
+        "",
+        f"# Enrolled with {plan.fleet_url}: the identity is in <state_dir>/identity.",
+        "[uplink]",
+        "enabled = true",
+        *tomlout.body(("uplink",), extra(prev, "uplink")),
+        "",
+        "[bundles]",
+        "enabled = true",
+        *tomlout.body(("bundles",), extra(prev, "bundles")),
+    ]
+
+
+def _cameras(plan: DevicePlan) -> list[str]:
+    out: list[str] = []
+    if plan.camera_tables is not None:
+        for table in plan.camera_tables:
+            out += tomlout.section("cameras", [table])
+        return out
     if not plan.cameras:
         out += ["", "# No camera: add a [[cameras]] table (README.md, Configuration)."]
     for cam in plan.cameras:
@@ -120,6 +180,15 @@ def render(plan: DevicePlan, now: datetime | None = None) -> str:
         if cam.width is not None and cam.height is not None:
             out += [f"width = {cam.width}", f"height = {cam.height}"]
         out.append(f"line = {_s(DEFAULT_LINE)}")
+    return out
+
+
+def _pipelines(plan: DevicePlan) -> list[str]:
+    out: list[str] = []
+    if plan.pipeline_tables is not None:
+        for table in plan.pipeline_tables:
+            out += tomlout.section("pipelines", [table])
+        return out
     if plan.bundle is None:
         out += [
             "",
@@ -139,7 +208,7 @@ def render(plan: DevicePlan, now: datetime | None = None) -> str:
                 f"bundle = {_s(str(b.path))}",
                 f"installed = {_s(b.name)}",
             ]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _pipeline_name(camera: str, plan: DevicePlan) -> str:
