@@ -65,6 +65,12 @@ class DeviceOut(ApiModel):
     active_release: int | None = Field(description="Release of that bundle.")
     previous_bundle: str | None = Field(description="Bundle it ran before.")
     previous_release: int | None = Field(description="Release of that bundle.")
+    active_version: str | None = Field(None, description="Version of the bundle it runs.")
+    active_digest: str | None = Field(
+        None, description="Digest of the bundle it runs (also one it was set up with)."
+    )
+    previous_version: str | None = Field(None, description="Version of the bundle before.")
+    previous_digest: str | None = Field(None, description="Digest of the bundle before.")
     health: dict[str, Any] | None = Field(description="Its latest health report.")
     cert_serial: str | None = Field(description="Serial (hex) of its latest certificate.")
     revoked: bool = Field(description="Its certificates are revoked.")

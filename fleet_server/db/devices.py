@@ -48,6 +48,12 @@ class Device:
     """The labels the device last reported (not used for anything but showing)."""
     shard: str | None = None
     """The broker shard given at enrollment (None: the main broker)."""
+    active_version: str | None = None
+    """The active bundle's version, as reported (None: not reported)."""
+    active_digest: str | None = None
+    """The active bundle's digest, as reported (also the bundle it was set up with)."""
+    previous_version: str | None = None
+    previous_digest: str | None = None
 
 
 def _check_labels(device_id: str, labels: Mapping[str, str]) -> dict[str, str]:

@@ -50,6 +50,10 @@ devices = sa.Table(
     sa.Column("active_release", sa.BigInteger),
     sa.Column("previous_bundle", sa.Text),
     sa.Column("previous_release", sa.BigInteger),
+    sa.Column("active_version", sa.Text),
+    sa.Column("active_digest", sa.Text),
+    sa.Column("previous_version", sa.Text),
+    sa.Column("previous_digest", sa.Text),
     sa.Column("health", json_type()),
     sa.Column("cert_serial", sa.Text),
     sa.Column("revoked", sa.Boolean, nullable=False),
@@ -61,7 +65,8 @@ devices = sa.Table(
 rollout selectors and signed directives use; ``reported_profile`` and
 ``reported_labels`` are what the device last said of itself (shown, never used).
 ``shard`` is the broker the device was given at enrollment (NULL: the main broker, as
-before migration 0007)."""
+before migration 0007). ``*_version`` and ``*_digest`` complete the active and previous
+bundle as the device reports them (migration 0009; NULL: not reported)."""
 
 enrollment_tokens = sa.Table(
     "enrollment_tokens",

@@ -323,6 +323,10 @@ def _state_values(state: ReportedState) -> dict[str, Any]:
         "active_release": state.active.release if state.active else None,
         "previous_bundle": state.previous.name if state.previous else None,
         "previous_release": state.previous.release if state.previous else None,
+        "active_version": state.active.version if state.active else None,
+        "active_digest": state.active.digest if state.active else None,
+        "previous_version": state.previous.version if state.previous else None,
+        "previous_digest": state.previous.digest if state.previous else None,
     }
     if state.agent_version is not None:
         values["agent_version"] = state.agent_version

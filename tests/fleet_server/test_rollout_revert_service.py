@@ -57,6 +57,13 @@ def test_a_revert_to_the_set_up_bundle_no_slot_holds_is_a_signed_revert_directiv
 ) -> None:
     s = Setup(db, fleet)
     s.device("gw-1")  # set up with release 1: it reports it active, no slot holds it
+    set_up = BundleRef(name="cls", version="1.0.0", release=1, digest="ab" * 32)
+    s.report_state("gw-1", set_up, None)
+    row = store.get_device(db, "gw-1")
+    assert row is not None
+    assert (row.active_bundle, row.active_release, row.active_version, row.active_digest) == (
+        "cls", 1, "1.0.0", "ab" * 32,
+    )  # fmt: skip
     rid = s.service.create({**SPEC, "waves": "100%"})
     (canary,) = s.tick()
     _switch(s, canary, 2, None)
