@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -40,13 +41,41 @@ DEPRECATED_SECTIONS = {"fleet": "bundles"}
 release (``[fleet]`` became ``[bundles]``: it configures signed bundles, not the fleet)."""
 
 
-def check_state_dir(path: Path) -> Path:
-    """``path`` when it is a directory, or can be made one (its nearest existing ancestor
-    is a directory).
+PATH_MAX = 4096
+NAME_MAX = 255
+"""Linux's limits on a path and on one name in it, in bytes."""
+
+
+def check_path(path: Path) -> Path:
+    """``path`` when the system can hold it as a file name.
 
     Raises:
-        ValueError: it, or an ancestor, exists and is not a directory.
+        ValueError: it holds a NUL character (no path can), is not encodable, or is longer
+            than PATH_MAX bytes or has a name longer than NAME_MAX bytes.
     """
+    text = str(path)
+    if "\0" in text:
+        raise ValueError(f"{text!r} holds a NUL character, which no path can")
+    try:
+        raw = os.fsencode(text)
+    except UnicodeError:
+        raise ValueError(f"{text!r} can't be encoded as a file name") from None
+    if len(raw) >= PATH_MAX:
+        raise ValueError(f"{text[:60]!r}... is {len(raw)} bytes, over {PATH_MAX - 1}")
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ValueError(f"{text[:60]!r}: the name {part[:40]!r}... is over {NAME_MAX} bytes")
+    return path
+
+
+def check_state_dir(path: Path) -> Path:
+    """``path`` when it is a directory, or can be made one (its nearest existing ancestor
+    is a directory), and the system can hold it (:func:`check_path`).
+
+    Raises:
+        ValueError: it can't be a path, or it or an ancestor exists and is not a directory.
+    """
+    check_path(path)
     if path.exists() or path.is_symlink():
         if not path.is_dir():
             raise ValueError(f"{path} exists and is not a directory")
@@ -125,6 +154,11 @@ class _BundleRef(Section):
         description="Name of a bundle the installer manages (signed, from the fleet or "
         "side-loaded); its active slot is used.",
     )
+
+    @field_validator("bundle")
+    @classmethod
+    def _bundle_path(cls, value: Path | None) -> Path | None:
+        return None if value is None else check_path(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> _BundleRef:

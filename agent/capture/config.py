@@ -178,6 +178,8 @@ class CameraConfig(Section):
                 "password in a secret named by 'password_env' (a file in "
                 "$CREDENTIALS_DIRECTORY or an environment variable)"
             )
+        if schemes:
+            _check_port(uri, "uri")
         return uri
 
     @field_validator("backoff_max_s")
@@ -202,6 +204,7 @@ class CameraConfig(Section):
                 raise ValueError("detect_uri applies to rtsp cameras only")
             if not self.detect_uri.lower().startswith(_URL_SCHEMES["rtsp"]):
                 raise ValueError("detect_uri must start with rtsp:// or rtsps://")
+            _check_port(self.detect_uri, "detect_uri")
             if _has_password(self.detect_uri):
                 raise ValueError(
                     "detect_uri carries a password in clear; put the user in 'username' and "
@@ -229,6 +232,16 @@ def counts_damage(config: CameraConfig) -> bool:
     """Whether the camera's video is decoded where its damage can be counted (an ffmpeg
     child): it travels over UDP (transport udp or auto), or its damaged frames are skipped."""
     return config.kind == "rtsp" and (config.transport != "tcp" or config.damaged_frames == "skip")
+
+
+def _check_port(uri: str, name: str) -> None:
+    """Raises ValueError: ``uri`` names a port that is not 1-65535 (or not a number)."""
+    try:
+        port = urlsplit(uri).port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{name} {uri!r} names a port that is not 1-65535")
 
 
 def _has_password(uri: str) -> bool:

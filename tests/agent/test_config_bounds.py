@@ -155,3 +155,66 @@ def test_a_bad_field_under_the_deprecated_name_is_reported_as_written(tmp_path: 
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.field == "fleet.fetch_timeout_s"
+
+
+_CAM = '[[cameras]]\nname = "c"\nkind = "{kind}"\nuri = "{uri}"\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ('[agent]\nstate_dir = "st\\u0000ate"\n', "agent.state_dir", "NUL character"),
+        ('[agent]\nstate_dir = "/\\u0000"\n', "agent.state_dir", "NUL character"),
+        (f'[agent]\nstate_dir = "{"n" * 256}"\n', "agent.state_dir", "over 255 bytes"),
+        (f'[agent]\nstate_dir = "{"d/" * 2100}"\n', "agent.state_dir", "over 4095"),
+        (_CAM.format(kind="rtsp", uri="rtsp://10.0.0.9:70000/s"), "cameras[0].uri", "1-65535"),
+        (_CAM.format(kind="rtsp", uri="rtsp://10.0.0.9:0/s"), "cameras[0].uri", "1-65535"),
+        (_CAM.format(kind="rtsp", uri="rtsp://10.0.0.9:5x4/s"), "cameras[0].uri", "1-65535"),
+        (_CAM.format(kind="rtsp", uri="rtsp://[fe80::1]:65536/s"), "cameras[0].uri", "1-65535"),
+        (_CAM.format(kind="http", uri="http://10.0.0.9:99999/m"), "cameras[0].uri", "1-65535"),
+        (
+            _CAM.format(kind="rtsp", uri="rtsp://10.0.0.9/s")
+            + 'detect_uri = "rtsp://10.0.0.9:123456/sub"\n',
+            "cameras[0]",
+            "detect_uri 'rtsp://10.0.0.9:123456/sub' names a port",
+        ),
+        (
+            '[[pipelines]]\nname = "p"\nsource = "c"\nbundle = "b\\u0000"\n',
+            "pipelines[0].bundle",
+            "NUL character",
+        ),
+    ],
+)
+def test_paths_and_ports_no_run_could_use_are_refused_at_load(
+    tmp_path: Path, body: str, field: str, words: str
+) -> None:
+    """``check-config`` passed these, and ``edge-agent run`` then failed with a traceback
+    (a NUL in a path) or dialled a port that can't exist."""
+    text = body if body.startswith("[agent]") else f'[agent]\nstate_dir = "state"\n{body}'
+    path = tmp_path / "agent.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.path == str(path)
+    assert info.value.field == field
+    assert words in info.value.reason
+    assert "\0" not in str(info.value)
+    assert len(str(info.value)) < 400
+
+
+def test_check_config_refuses_a_nul_in_state_dir_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text('[agent]\nstate_dir = "st\\u0000ate"\n', encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"edge-agent: {path}: agent.state_dir: '{tmp_path}/st\\x00ate' holds a NUL character, "
+        "which no path can"
+    ]
