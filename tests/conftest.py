@@ -276,6 +276,8 @@ SLOW_FILES_FIRST = (
     "tests/fleet_server/test_signed_delivery.py",
     "tests/fleet_server/test_auth.py",
     "tests/fleet_server/test_fleet_e2e.py",
+    "tests/fleet_server/test_rollback_e2e.py",
+    "tests/fleet_server/web/test_console_rollback.py",
     "tests/fleet_server/test_fleetctl_repo.py",
     "tests/fleet_server/test_fleetctl_fleet.py",
     "tests/fleet_server/test_review_store.py",
