@@ -63,10 +63,15 @@ def _revert_report(
         return {"status": S.ROLLED_BACK, "settled_at": now, "deadline": None, "why": ""}
     if device.status is not S.REVERTING or back is None or device.shadow_only:
         return {}
+    # the device's answer to the revert: a failed install of that release, or a directive
+    # it refused before reading what it names (an agent that does not know the mode)
+    about = (report.install_bundle, report.install_release) in (
+        (back.name, back.release),
+        (None, None),
+    )
     answered = (
         report.install is InstallOutcome.FAILED
-        and report.install_bundle == back.name
-        and report.install_release == back.release
+        and about
         and report.install_at is not None
         and device.reverted_at is not None
         and report.install_at >= device.reverted_at - REVERT_CLOCK_SLACK_S

@@ -515,6 +515,17 @@ def test_a_device_that_reports_its_revert_failed_is_stuck_with_its_reason() -> N
     d = f.r.devices[quiet]
     assert d.status is S.STUCK
     assert d.why == "the device could not revert to det release 1: fetch: timed out"
+    # an older agent refuses the revert directive before reading what it names
+    g = _fleet(20)
+    g.bad = {g.r.order[2]}
+    g.run()
+    g.silent = {quiet}
+    g.answer()
+    g.report(quiet, active_bundle="det", active_release=2, install=InstallOutcome.FAILED,
+             install_at=g.now, install_reason="verify: custom.mode 'revert' is not one of "
+             "active, shadow")  # fmt: skip
+    assert g.r.devices[quiet].status is S.STUCK
+    assert g.r.devices[quiet].why.endswith("custom.mode 'revert' is not one of active, shadow")
     # it comes back by itself later: rolled back, and the rollout ends
     f.report(quiet, active_bundle="det", active_release=1)
     assert f.r.devices[quiet].status is S.ROLLED_BACK
