@@ -10,7 +10,9 @@ Mosquitto 2.0.
 Mosquitto 2.0's limits are global, not per listener or per client kind: the fleet
 services' own subscriptions (the ingest's shared subscription above all) queue under the
 same limits as a device. They are sized for ingest at 1,000 devices and bound what one
-device can make the broker hold (``docs/adr/0005-broker-identity-and-limits.md``).
+device can make the broker hold (``docs/adr/0005-broker-identity-and-limits.md``);
+:meth:`MosquittoConfig.client_memory_bound` is that bound, in bytes, as measured on
+Mosquitto 2.0.11 (``tests/fleet_server/test_broker_memory_bound.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ ACL_NAME = "acl"
 DATA_DIR = "data"
 _EXPIRY = re.compile(r"^[1-9][0-9]{0,5}[hdwmy]$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MESSAGE_OVERHEAD_BYTES = 512
+"""Broker memory a held message takes beside its payload (its store entry, topic, source
+and destination client ids, the client's message entry): about 400 B measured on
+Mosquitto 2.0.11 with the fleet's topics (50,000 messages of 100 B queued grew it 23 MB)."""
 
 
 class MosquittoConfig(Section):
@@ -100,9 +106,25 @@ class MosquittoConfig(Section):
         20,
         ge=1,
         le=65535,
-        description="QoS 1/2 messages in flight to one client (not yet acknowledged); an "
-        "MQTT 5 client's smaller Receive Maximum wins. Bounds what a device that never "
-        "acknowledges holds in flight.",
+        description="QoS 1/2 messages in flight to one client (not yet acknowledged) that "
+        "announces no Receive Maximum (MQTT 3.1.1). An MQTT 5 client's Receive Maximum "
+        "replaces it, larger or smaller (measured on 2.0.11: 1,000 in flight to an ingest "
+        "that announced 1,000, with this at 20); max_inflight_bytes and max_queued_bytes "
+        "bound the bytes either way.",
+    )
+    max_inflight_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Bytes of QoS 1/2 payload in flight to one client (sent, not yet "
+        "acknowledged) before Mosquitto queues instead. Without it (Mosquitto's default, 0) "
+        "messages in flight count against no byte limit: with ingest stalled, one device's "
+        "large messages at the ingest's Receive Maximum of 1,000 grew the broker past "
+        "1.3 GB. Set, what one client holds (in flight and queued) stays under "
+        "max_queued_bytes + max_inflight_bytes + one packet. Mosquitto 2.0.11 still moves "
+        "queued messages into flight by count (the client's Receive Maximum) alone, and "
+        "holds a copy of each packet it sends until the socket takes it, so the ingest's "
+        "Receive Maximum (64) x max_packet_size bounds those copies (README, 'What the "
+        "broker holds for one client').",
     )
     max_queued_messages: int = Field(
         100_000,
@@ -115,11 +137,14 @@ class MosquittoConfig(Section):
     max_queued_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,
-        description="Bytes of QoS 1/2 payload queued for one client beyond those in flight "
-        "(0: no limit); past it new messages for that client are dropped. Measured: with "
-        "no limit a device whose fetch responses were not read, or ingest stalled, queued "
-        "400 MB. 256 MiB holds the ingest's 100,000-message burst at 2.6 KB a message "
-        "(heartbeats, states, telemetry are well below) and bounds one client's queue.",
+        description="Bytes of QoS 1/2 payload held for one client (queued and in flight) "
+        "beyond max_inflight_bytes (0: no limit); past it new messages for that client are "
+        "dropped, after their publisher got its PUBACK (Mosquitto logs 'Outgoing messages "
+        "are being dropped for client ...' and counts $SYS/broker/publish/messages/dropped). "
+        "Measured: with no limit a device whose fetch responses were not read, or ingest "
+        "stalled, queued 400 MB. 256 MiB holds the ingest's 100,000-message burst at 2.6 KB "
+        "a message (heartbeats, states, telemetry are well below) and bounds one client's "
+        "queue.",
     )
     max_keepalive: int = Field(
         300, ge=10, le=65535, description="Longest keepalive (s) granted to MQTT 5 clients."
@@ -180,6 +205,27 @@ class MosquittoConfig(Section):
             raise ValueError(f"{value!r} is not a duration like 30d (h, d, w, m, y)")
         return value
 
+    def client_memory_bound(self, receive_maximum: int) -> int:
+        """Most bytes of broker memory one connected client's undelivered messages can
+        take, for a client that announced ``receive_maximum`` (MQTT 5 Receive Maximum;
+        Mosquitto uses ``max_inflight_messages`` for a client that announces none).
+
+        Held payloads: Mosquitto admits a message to a client while the bytes it holds
+        for it, less ``max_inflight_bytes``, are under ``max_queued_bytes``, and while the
+        messages it holds, less the Receive Maximum, are under ``max_queued_messages``.
+        Copies: each message in flight has its PUBLISH packet built once, kept until the
+        socket takes it (a client that stopped reading takes nothing). Overhead: what each
+        held message takes beside its payload (:data:`MESSAGE_OVERHEAD_BYTES`).
+        """
+        if receive_maximum < 1:
+            raise ValueError(f"receive_maximum {receive_maximum} is not >= 1")
+        messages = self.max_queued_messages + receive_maximum
+        held = messages * self.max_packet_size
+        if self.max_queued_bytes:
+            held = min(held, self.max_queued_bytes + self.max_inflight_bytes + self.max_packet_size)
+        copies = min(receive_maximum * self.max_packet_size, held)
+        return held + copies + messages * MESSAGE_OVERHEAD_BYTES
+
     @property
     def conf_path(self) -> Path:
         """Where mosquitto.conf is written."""
@@ -212,6 +258,7 @@ def mosquitto_conf(config: MosquittoConfig, run_as: str | None = None) -> str:
         f"acl_file {config.acl_path}",
         f"max_packet_size {config.max_packet_size}",
         f"max_inflight_messages {config.max_inflight_messages}",
+        f"max_inflight_bytes {config.max_inflight_bytes}",
         f"max_queued_messages {config.max_queued_messages}",
         f"max_queued_bytes {config.max_queued_bytes}",
         f"max_keepalive {config.max_keepalive}",

@@ -65,6 +65,12 @@ ENQUEUE_WAIT_S = 0.5
 UNSUBSCRIBE_TIMEOUT_S = 2.0
 DEFAULT_MAX_LAG_S = 30.0
 DEFAULT_MAX_DISCONNECTED_S = 30.0
+RECEIVE_MAXIMUM = 64
+"""Unacknowledged messages the broker may send a worker (MQTT 5 Receive Maximum). Mosquitto
+2.0 keeps a copy of each PUBLISH in flight until the worker's socket takes it, and a
+stalled worker takes none: 64 x the broker's 1 MiB max_packet_size is 64 MiB per worker
+(at 1,000 it grew the broker past 1.3 GB). It is the worker's batch too: 64 messages a
+transaction. See :meth:`fleet_server.broker.config.MosquittoConfig.client_memory_bound`."""
 
 
 class IngestError(FleetError):
@@ -120,7 +126,9 @@ class IngestWorker:
         batch_size: most messages stored in one batch (one sink call per kind).
         flush_interval_s: longest wait for a batch to fill; a batch also goes when no
             message came for :data:`IDLE_GAP_S`.
-        receive_maximum: most unacknowledged messages the broker may send (MQTT 5).
+        receive_maximum: most unacknowledged messages the broker may send (MQTT 5); it
+            bounds what the broker holds in flight to a stalled worker
+            (:data:`RECEIVE_MAXIMUM`).
         clock_bounds: how far device times may be from the server's clock (``None``:
             not checked).
         retry: how long a transient sink failure is retried before its records are
@@ -146,7 +154,7 @@ class IngestWorker:
         password: str | None = None,
         batch_size: int = 500,
         flush_interval_s: float = 0.05,
-        receive_maximum: int = 1000,
+        receive_maximum: int = RECEIVE_MAXIMUM,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         keepalive_s: int = 30,
         clock_bounds: ClockBounds | None = ClockBounds(),  # noqa: B008 (frozen)

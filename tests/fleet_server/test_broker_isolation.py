@@ -267,5 +267,6 @@ def test_acl_and_conf_name_each_service_and_the_limits(tmp_path: Path) -> None:
     assert "\nmax_queued_bytes 268435456\n" in conf
     assert "\nmax_queued_messages 100000\n" in conf
     assert "\nmax_packet_size 1048576\n" in conf
+    assert "\nmax_inflight_bytes 67108864\n" in conf  # in flight counts (issue 26)
     strict = mosquitto_conf(MosquittoConfig(**base, clientid_is_identity=True))
     assert strict == conf
