@@ -17,6 +17,11 @@ class DiscoveryError(AgentError):
         super().__init__(f"camera discovery: {reason}")
 
 
+class ProbeNotSent(DiscoveryError):
+    """No probe left this device: no socket could be opened or no route leads to either
+    group (a network without a default route, a device with no network at all)."""
+
+
 class UntrustedXMLError(AgentError):
     """Bytes from the network are not XML this module accepts (too large, a DTD, not
     well-formed, not UTF-8).

@@ -3,8 +3,10 @@ media service is), GetProfiles and GetStreamUri (RTP-Unicast over RTSP) for each
 
 With credentials every request carries a WS-UsernameToken with PasswordDigest
 (``Base64(SHA-1(nonce + created + password))``, the ONVIF Core spec's scheme); the password
-never goes on the wire. Every request has a timeout and a response size cap, and responses
-are parsed by :mod:`agent.discovery.xmlsafe`. A camera that can't be read is reported with
+never goes on the wire. Every request has a deadline for the whole exchange (connect,
+headers and body: a camera that trickles its answer a byte at a time is cut off there, its
+socket shut down) and a response size cap, and responses are parsed by
+:mod:`agent.discovery.xmlsafe`. A camera that can't be read is reported with
 the reason, never raised. A link-local IPv6 address the camera names without a zone (its
 media service, its RTSP URIs) gets the zone of the device service's address.
 """
@@ -12,8 +14,12 @@ media service, its RTSP URIs) gets the zone of the device service's address.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import http.client
 import os
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -115,11 +121,107 @@ def envelope(body: str, creds: Credentials | None) -> bytes:
     ).encode()
 
 
-def call(url: str, body: str, creds: Credentials | None, timeout_s: float) -> Element:
-    """POST ``body`` to ``url`` and return the response's SOAP Body.
+class _Deadline:
+    """Shuts down the sockets it watches when ``seconds`` have passed: the one bound on a
+    whole HTTP exchange (a socket timeout bounds each read, not a trickle of them)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = max(0.0, seconds)
+        self.fired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(self.seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._socks.append(sock)
+            fired = self.fired
+        if fired:
+            _shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed: nothing left to cut
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """An opener whose connections are watched by ``deadline``."""
+
+    class Http(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class Https(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class HttpHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(Http, req)
+
+    class HttpsHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(Https, req, context=getattr(self, "_context", None))
+
+    return urllib.request.build_opener(HttpHandler(), HttpsHandler())
+
+
+def _post(req: urllib.request.Request, timeout_s: float) -> tuple[int, bytes]:
+    """Status and body of ``req``, the whole exchange within ``timeout_s``.
 
     Raises:
-        OnvifCallError: not http(s), unreachable, an HTTP error or a SOAP fault
+        OnvifCallError: unreachable, too slow, or 401.
+    """
+    deadline = _Deadline(timeout_s)
+    status = 200
+    try:
+        with _opener(deadline).open(req, timeout=max(timeout_s, 0.001)) as resp:
+            data = resp.read(MAX_RESPONSE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        try:
+            data = exc.read(MAX_RESPONSE_BYTES + 1)
+        except (OSError, http.client.HTTPException):
+            data = b""
+        finally:
+            exc.close()
+        if status == 401 and not deadline.fired:
+            raise OnvifCallError("unauthorized") from exc
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        if deadline.fired:
+            raise OnvifCallError(f"timed out: no whole answer in {timeout_s:g} s") from exc
+        reason = getattr(exc, "reason", exc)
+        raise OnvifCallError(f"unreachable: {reason}") from exc
+    finally:
+        deadline.cancel()
+    if deadline.fired:  # what was read before the cut is not the answer
+        raise OnvifCallError(f"timed out: no whole answer in {timeout_s:g} s")
+    return status, data
+
+
+def call(url: str, body: str, creds: Credentials | None, timeout_s: float) -> Element:
+    """POST ``body`` to ``url`` and return the response's SOAP Body; the whole exchange
+    within ``timeout_s``.
+
+    Raises:
+        OnvifCallError: not http(s), unreachable, too slow, an HTTP error or a SOAP fault
             ("unauthorized" for 401 or a NotAuthorized fault), or a response that is not
             SOAP this module accepts.
     """
@@ -131,23 +233,7 @@ def call(url: str, body: str, creds: Credentials | None, timeout_s: float) -> El
         headers={"Content-Type": "application/soap+xml; charset=utf-8"},
         method="POST",
     )
-    status = 200
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
-            data = resp.read(MAX_RESPONSE_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-        try:
-            data = exc.read(MAX_RESPONSE_BYTES + 1)
-        except OSError:
-            data = b""
-        finally:
-            exc.close()
-        if status == 401:
-            raise OnvifCallError("unauthorized") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise OnvifCallError(f"unreachable: {reason}") from exc
+    status, data = _post(req, timeout_s)
     try:
         root = xmlsafe.parse(data, MAX_RESPONSE_BYTES)
     except UntrustedXMLError as exc:
@@ -220,27 +306,42 @@ def stream_uri_body(token: str) -> str:
     )
 
 
+BUDGET_SPENT = "not asked (time budget spent)"
+
+
 def read_profiles(
-    device_xaddr: str, creds: Credentials | None, timeout_s: float, budget_s: float
+    device_xaddr: str,
+    creds: Credentials | None,
+    timeout_s: float,
+    budget_s: float,
+    deadline: float | None = None,
 ) -> CameraProfiles:
-    """Profiles and RTSP URIs of the camera at ``device_xaddr``; each request bounded by
-    ``timeout_s``, and no new request starts after ``budget_s``. Never raises: what failed
-    is in ``error`` (for the camera) or a profile's ``uri_error``."""
-    deadline = time.monotonic() + budget_s
+    """Profiles and RTSP URIs of the camera at ``device_xaddr``; each request's whole
+    exchange bounded by ``timeout_s``, and all of them by ``budget_s`` from now and the
+    monotonic ``deadline`` (a request is cut at it; none starts after it). Never raises:
+    what failed is in ``error`` (for the camera) or a profile's ``uri_error``."""
+    end = time.monotonic() + budget_s
+    if deadline is not None:
+        end = min(end, deadline)
+
+    def left() -> float:
+        """What a call may take now. Raises OnvifCallError: the budget is spent."""
+        seconds = min(timeout_s, end - time.monotonic())
+        if seconds <= 0:
+            raise OnvifCallError(BUDGET_SPENT)
+        return seconds
+
     out = CameraProfiles()
     try:
-        out.media_xaddr = media_xaddr(device_xaddr, creds, timeout_s)
-        body = call(out.media_xaddr, "<trt:GetProfiles/>", creds, timeout_s)
+        out.media_xaddr = media_xaddr(device_xaddr, creds, left())
+        body = call(out.media_xaddr, "<trt:GetProfiles/>", creds, left())
         out.profiles = parse_profiles(body)
     except OnvifCallError as exc:
         out.error = exc.reason
         return out
     for p in out.profiles:
-        if time.monotonic() >= deadline:
-            p.uri_error = "not asked (time budget spent)"
-            continue
         try:
-            body = call(out.media_xaddr, stream_uri_body(p.token), creds, timeout_s)
+            body = call(out.media_xaddr, stream_uri_body(p.token), creds, left())
         except OnvifCallError as exc:
             p.uri_error = exc.reason
             continue

@@ -4,18 +4,23 @@ dict for ``--json`` or a table for a terminal."""
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agent.discovery import onvif, wsdiscovery
+from agent.discovery import onvif, safetext, wsdiscovery
 from agent.setup import cameras as v4l2
 
 log = logging.getLogger(__name__)
 
 MAX_PARALLEL = 8
 """Cameras asked for their profiles at the same time."""
+CAMERA_TEXT_CHARS = 8192
+"""Longest string of a camera's answers kept (XAddrs and scopes lists are cut at it)."""
+PROFILE_BUDGET_CALLS = 4
+"""Reading the cameras' profiles takes at most this many ``http_timeout_s`` in all."""
 
 
 def discover(
@@ -35,7 +40,7 @@ def discover(
         DiscoveryError: the probe can't be sent (see :func:`wsdiscovery.probe`).
     """
     report: dict[str, Any] = {
-        "v4l2": [c.to_dict() for c in v4l2.list_cameras(sysfs_root, dev_dir)],
+        "v4l2": safetext.cleaned([c.to_dict() for c in v4l2.list_cameras(sysfs_root, dev_dir)]),
         "onvif": [],
         "probe": None,
     }
@@ -43,18 +48,28 @@ def discover(
         return report
     result = wsdiscovery.probe(timeout_s, interface, ip=ip)
     report["probe"] = asdict(result.stats)
+    # One deadline for every camera's calls, however many cameras answered and however
+    # slowly each trickles its answers: the command ends within it.
+    deadline = time.monotonic() + PROFILE_BUDGET_CALLS * http_timeout_s
 
     def profiles(match: wsdiscovery.ProbeMatch) -> dict[str, Any]:
         if not match.xaddrs:
             return onvif.CameraProfiles(error="no XAddrs in its ProbeMatch").to_dict()
         return onvif.read_profiles(
-            match.xaddrs[0], creds, http_timeout_s, budget_s=4 * http_timeout_s
+            match.xaddrs[0],
+            creds,
+            http_timeout_s,
+            budget_s=PROFILE_BUDGET_CALLS * http_timeout_s,
+            deadline=deadline,
         ).to_dict()
 
     if result.matches:
         with ThreadPoolExecutor(min(MAX_PARALLEL, len(result.matches))) as pool:
             read = list(pool.map(profiles, result.matches))
-        report["onvif"] = [{**m.to_dict(), **p} for m, p in zip(result.matches, read, strict=True)]
+        # what the cameras said, one printable line per string (shown, and written into a
+        # config by setup)
+        answers = [{**m.to_dict(), **p} for m, p in zip(result.matches, read, strict=True)]
+        report["onvif"] = safetext.cleaned(answers, CAMERA_TEXT_CHARS)
     return report
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from agent.discovery import xmlsafe
-from agent.discovery.errors import DiscoveryError, UntrustedXMLError
+from agent.discovery.errors import DiscoveryError, ProbeNotSent, UntrustedXMLError
 from agent.discovery.linklocal import with_zone
 
 log = logging.getLogger(__name__)
@@ -259,9 +259,10 @@ def probe(
     ``timeout_s`` seconds.
 
     Raises:
-        DiscoveryError: the interface does not exist, or no probe could be sent at all
-            (no socket, no route to either group); with ``both``, one family failing is
-            only recorded in the stats' ``errors``.
+        DiscoveryError: the interface does not exist; :class:`ProbeNotSent` (a
+            DiscoveryError) when no probe could be sent at all (no socket, no route to
+            either group); with ``both``, one family failing is only recorded in the
+            stats' ``errors``.
     """
     if ip not in IP_CHOICES:
         raise DiscoveryError(f"ip must be one of {', '.join(IP_CHOICES)}, not {ip!r}")
@@ -312,7 +313,7 @@ def _collect(
     start = time.monotonic()
     deadline = start + max(0.0, timeout_s)
     if not plan.targets or plan.send(stats) == 0:
-        raise DiscoveryError("; ".join(stats.errors) or "no interface to probe on")
+        raise ProbeNotSent("; ".join(stats.errors) or "no interface to probe on")
     repeat_at: float | None = start + REPEAT_AFTER_S
     with selectors.DefaultSelector() as sel:
         for s in socks:

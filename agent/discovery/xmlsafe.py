@@ -1,17 +1,56 @@
 """The one entry point for XML that comes from the network (WS-Discovery replies, ONVIF
 SOAP responses): a size cap, no DTD at all (so no entity expansion and no external
-entities), then the standard library's expat parser.
+entities), then a tree.
 
-Why not defusedxml: refusing any ``<!DOCTYPE`` before parsing gives the same protection for
-SOAP, which never carries a DTD (SOAP 1.2 part 1, 5: "must not contain a DTD"), without a
-new dependency.
+The DTD is refused by the parser itself (expat's doctype, entity and external-entity
+handlers), after it has decoded the document in whatever encoding it declares (UTF-8,
+UTF-16 with or without a byte order mark, ISO-8859-1, US-ASCII): a byte search for
+``<!DOCTYPE`` sees only one encoding and lets a UTF-16 DTD through.
+
+Why not defusedxml: refusing any DTD gives the same protection for SOAP, which never
+carries one (SOAP 1.2 part 1, 5: "must not contain a DTD"), without a new dependency.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from typing import NoReturn
+from xml.parsers import expat
 
 from agent.discovery.errors import UntrustedXMLError
+
+_DTD = "a DTD (SOAP messages carry none)"
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refuse(*_args: object) -> NoReturn:
+    raise _Refused(_DTD)
+
+
+def _name(raw: str) -> str:
+    """expat's ``uri}local`` (namespace_separator "}") as ElementTree's ``{uri}local``."""
+    return "{" + raw if "}" in raw else raw
+
+
+def _tree(data: bytes) -> ET.Element:
+    builder = ET.TreeBuilder()
+    parser = expat.ParserCreate(namespace_separator="}")
+    parser.buffer_text = True
+    parser.StartDoctypeDeclHandler = _refuse
+    parser.EntityDeclHandler = _refuse
+    parser.UnparsedEntityDeclHandler = _refuse
+    parser.NotationDeclHandler = _refuse
+    parser.ExternalEntityRefHandler = _refuse
+    parser.StartElementHandler = lambda tag, attrs: builder.start(
+        _name(tag), {_name(k): v for k, v in attrs.items()}
+    )
+    parser.EndElementHandler = lambda tag: builder.end(_name(tag))
+    parser.CharacterDataHandler = builder.data
+    parser.Parse(data, True)
+    return builder.close()
 
 
 def parse(data: bytes, max_bytes: int) -> ET.Element:
@@ -22,13 +61,13 @@ def parse(data: bytes, max_bytes: int) -> ET.Element:
     """
     if len(data) > max_bytes:
         raise UntrustedXMLError(f"{len(data)} bytes, more than {max_bytes}")
-    if b"<!doctype" in data.lower() or b"<!entity" in data.lower():
-        raise UntrustedXMLError("a DTD (SOAP messages carry none)")
     try:
-        return ET.fromstring(data)  # noqa: S314 - size-capped, DTD refused above
-    except ET.ParseError as exc:
+        return _tree(data)
+    except _Refused as exc:
+        raise UntrustedXMLError(str(exc)) from None
+    except expat.ExpatError as exc:
         raise UntrustedXMLError(f"not well-formed: {exc}") from exc
-    except (ValueError, UnicodeError, RecursionError) as exc:
+    except (ValueError, UnicodeError, RecursionError, AssertionError) as exc:
         raise UntrustedXMLError(f"not parsable: {type(exc).__name__}") from exc
 
 

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.discovery.safetext import one_line
+
 SYSFS_ROOT = Path("/sys")
 DEV_DIR = Path("/dev")
 _CLASS = "class/video4linux"
@@ -160,12 +162,12 @@ class Capability:
 
 
 def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    return one_line(raw.split(b"\0", 1)[0].decode("utf-8", errors="replace"))
 
 
 def fourcc(code: int) -> str:
     """The four characters of a V4L2 pixel format code (``0x56595559`` -> ``YUYV``)."""
-    return "".join(chr((code >> (8 * i)) & 0xFF) for i in range(4)).rstrip("\0 ")
+    return one_line("".join(chr((code >> (8 * i)) & 0xFF) for i in range(4)).rstrip("\0 "))
 
 
 def parse_capability(raw: bytes) -> Capability:

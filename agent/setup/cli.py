@@ -220,13 +220,20 @@ def _list_cameras(args: argparse.Namespace, sysfs: Path, dev: Path) -> int:
             args.camera_password_env,
             Path(args.credentials_dir),
         )
-        found = onvif.discover(d, sysfs_root=sysfs, dev_dir=dev)
+        found = onvif.discover(d, sysfs_root=sysfs, dev_dir=dev, unsent_ok=True)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
     if args.no_discover:
         sys.stdout.write(format_cameras(list_cameras(sysfs, dev)))
         print("ONVIF cameras: not probed (--no-discover)")
+        return 0
+    if "skipped" in found:
+        print(
+            f"edge-agent: setup: warning: camera discovery skipped: {found['skipped']}",
+            file=sys.stderr,
+        )
+        sys.stdout.write(format_report(found, not_probed=f"discovery skipped, {found['skipped']}"))
         return 0
     sys.stdout.write(format_report(found))
     for cam in found["onvif"]:

@@ -3,7 +3,10 @@ all raise it without importing each other)."""
 
 from __future__ import annotations
 
+from agent.discovery.safetext import one_line
 from agent.errors import AgentError
+
+MAX_MESSAGE = 2000
 
 
 class SetupError(AgentError):
@@ -15,6 +18,7 @@ class SetupError(AgentError):
     """
 
     def __init__(self, what: str, reason: str) -> None:
-        self.what = what
-        self.reason = reason
-        super().__init__(f"{what}: {reason}")
+        # one line, whatever a camera or a file put into it (the CLI prints it as is)
+        self.what = one_line(what, MAX_MESSAGE)
+        self.reason = one_line(reason, MAX_MESSAGE)
+        super().__init__(f"{self.what}: {self.reason}")

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agent.discovery import onvif, report
-from agent.discovery.errors import DiscoveryError
+from agent.discovery.errors import DiscoveryError, ProbeNotSent
 from agent.kernel.secrets import credential_file, read_secret
 from agent.setup.errors import SetupError
 from agent.setup.writer import CameraEntry
@@ -68,9 +68,13 @@ def credentials(d: Discovery) -> onvif.Credentials | None:
     return onvif.Credentials(d.user, password)
 
 
-def discover(d: Discovery, v4l2: bool = True, **paths: Any) -> dict[str, Any]:
+def discover(
+    d: Discovery, v4l2: bool = True, *, unsent_ok: bool = False, **paths: Any
+) -> dict[str, Any]:
     """What ``edge-agent cameras`` reports, bounded by ``d.timeout_s`` (plus the profile
-    reads, each bounded by HTTP_TIMEOUT_S).
+    reads, each bounded by HTTP_TIMEOUT_S). With ``unsent_ok``, a probe that could not
+    leave (no route to either group: a network without a default route) is no error: the
+    local cameras are listed, ``probe`` is None and ``skipped`` says why.
 
     Raises:
         SetupError: credentials missing (see :func:`credentials`), or the probe can't be
@@ -86,6 +90,11 @@ def discover(d: Discovery, v4l2: bool = True, **paths: Any) -> dict[str, Any]:
             http_timeout_s=HTTP_TIMEOUT_S,
             **paths,
         )
+    except ProbeNotSent as exc:
+        if not unsent_ok:
+            raise SetupError("camera discovery", exc.reason) from None
+        found = report.discover(network=False, **paths)
+        found["skipped"] = f"no probe could be sent: {exc.reason}"
     except DiscoveryError as exc:
         raise SetupError("camera discovery", exc.reason) from None
     if not v4l2:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig, parse_config
+from agent.discovery.safetext import one_line
 from agent.kernel.durable import make_dirs, write_durable
 from agent.kernel.toml import parse_toml
 from agent.setup import tomlout
@@ -111,7 +112,7 @@ def render(plan: DevicePlan, now: datetime | None = None) -> str:
         "[agent]",
         f"device_id = {_s(plan.device_id)}",
         f"state_dir = {_s(str(plan.state_dir))}",
-        f"profile = {_s(plan.profile)}  # {plan.profile_reason}",
+        f"profile = {_s(plan.profile)}  # {one_line(plan.profile_reason)}",
         *tomlout.body(("agent",), extra(prev, "agent")),
         "",
         "[http]",
@@ -142,7 +143,7 @@ def _fleet_sections(plan: DevicePlan) -> list[str]:
         return out
     return [
         "",
-        f"# Enrolled with {plan.fleet_url}: the identity is in <state_dir>/identity.",
+        f"# Enrolled with {one_line(plan.fleet_url)}: the identity is in <state_dir>/identity.",
         "[uplink]",
         "enabled = true",
         *tomlout.body(("uplink",), extra(prev, "uplink")),
@@ -164,7 +165,7 @@ def _cameras(plan: DevicePlan) -> list[str]:
     for cam in plan.cameras:
         out += ["", "[[cameras]]"]
         if cam.note:
-            out.append(f"# {cam.note}")
+            out.append(f"# {one_line(cam.note)}")  # a camera's words: one line, no controls
         out += [f"name = {_s(cam.name)}", f"kind = {_s(cam.kind)}"]
         if cam.uri:
             out.append(f"uri = {_s(cam.uri)}")

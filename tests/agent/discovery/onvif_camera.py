@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,8 @@ ENDPOINT = "urn:uuid:5f0c1e2a-0000-4000-8000-00000000ca01"
 IP_RECVTTL = getattr(socket, "IP_RECVTTL", 12)
 IPV6_RECVHOPLIMIT = getattr(socket, "IPV6_RECVHOPLIMIT", 51)
 IPV6_HOPLIMIT = getattr(socket, "IPV6_HOPLIMIT", 52)
+TRICKLE_MAX_BYTES = 600
+"""A trickling camera gives up after this many bytes (a test's thread ends)."""
 
 
 def _ip(*args: str) -> None:
@@ -123,10 +126,13 @@ def camera_http(
     profiles: str = PROFILES,
     rtsp_port: int = 554,
     needs_auth: bool = True,
+    trickle_s: float = 0.0,
 ) -> http.server.ThreadingHTTPServer:
     """The camera's device and media services; ``url_host`` is how it names itself (a
     link-local address without a zone, as cameras do); its stream URIs are
-    ``rtsp://url_host:rtsp_port/<profile token>``."""
+    ``rtsp://url_host:rtsp_port/<profile token>``. With ``trickle_s``, every answer, status
+    line and headers included, goes out one byte each ``trickle_s`` (a camera that holds
+    a client without ever going quiet long enough for a read timeout)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *_args: object) -> None:
@@ -157,6 +163,22 @@ def camera_http(
             else:
                 status, answer = 400, "<s:Fault/>"
             data = ENV.format(answer).encode()
+            if trickle_s > 0:
+                head = (
+                    f"HTTP/1.1 {status} OK\r\nContent-Type: application/soap+xml\r\n"
+                    f"Content-Length: {len(data)}\r\n\r\n"
+                ).encode()
+                for i, byte in enumerate(head + data):
+                    if i >= TRICKLE_MAX_BYTES:  # bounded: the client left long before
+                        break
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        return  # the client cut the connection
+                    time.sleep(trickle_s)
+                self.close_connection = True
+                return
             self.send_response(status)
             self.send_header("Content-Type", "application/soap+xml")
             self.send_header("Content-Length", str(len(data)))

@@ -58,19 +58,37 @@ PROFILES = (
 )
 
 
-def camera_http(needs_auth: bool) -> http.server.ThreadingHTTPServer:
+def camera_http(
+    needs_auth: bool, profiles: str = PROFILES, trickle_s: float = 0.0
+) -> http.server.ThreadingHTTPServer:
     return onvif_camera.camera_http(
-        ("127.0.0.1", 0), "127.0.0.1", profiles=PROFILES, rtsp_port=8554, needs_auth=needs_auth
+        ("127.0.0.1", 0),
+        "127.0.0.1",
+        profiles=profiles,
+        rtsp_port=8554,
+        needs_auth=needs_auth,
+        trickle_s=trickle_s,
     )
 
 
 # ---- the camera's WS-Discovery side -------------------------------------------------------
 
 
-def probe_match(relates_to: str, xaddr: str) -> bytes:
+def probe_match(relates_to: str, xaddr: str, name: str = "Line%203%20cam") -> bytes:
     return onvif_camera.probe_match(
-        relates_to, xaddr, endpoint="urn:uuid:cam-1", name="Line%203%20cam", hardware="IPC-T1"
+        relates_to, xaddr, endpoint="urn:uuid:cam-1", name=name, hardware="IPC-T1"
     )
+
+
+def utf16_dtd_match(relates_to: str, xaddr: str) -> bytes:
+    """A well-formed ProbeMatch of another camera, in UTF-16, whose DTD declares an entity
+    its name uses: a byte search for ``<!DOCTYPE`` does not see it."""
+    text = onvif_camera.probe_match(
+        relates_to, xaddr, endpoint="urn:uuid:dtd-cam", name="&big;", hardware="X"
+    ).decode()
+    text = text.replace('encoding="UTF-8"?>', 'encoding="UTF-16"?><!DOCTYPE e:Envelope ['
+                        '<!ENTITY a "aaaaaaaaaa"><!ENTITY big "&a;&a;&a;&a;">]>', 1)  # fmt: skip
+    return text.encode("utf-16")
 
 
 GARBAGE = [
@@ -90,6 +108,7 @@ class Responder:
     sock: socket.socket
     xaddr: str
     garbage: bool = False
+    name: str = "Line%203%20cam"
     ttls: list[int] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -108,7 +127,8 @@ class Responder:
             if self.garbage:
                 for g in GARBAGE:
                     self.sock.sendto(g, addr)
-            self.sock.sendto(probe_match(m.group(1).decode(), self.xaddr), addr)
+                self.sock.sendto(utf16_dtd_match(m.group(1).decode(), self.xaddr), addr)
+            self.sock.sendto(probe_match(m.group(1).decode(), self.xaddr, self.name), addr)
 
 
 def responder_socket() -> socket.socket:
@@ -126,9 +146,15 @@ def camera(netns: str) -> Iterator[Callable[..., Responder]]:
     stops: list[Callable[[], None]] = []
 
     def start(
-        *, needs_auth: bool = False, garbage: bool = False, xaddr: str | None = None
+        *,
+        needs_auth: bool = False,
+        garbage: bool = False,
+        xaddr: str | None = None,
+        name: str = "Line%203%20cam",
+        profiles: str = PROFILES,
+        trickle_s: float = 0.0,
     ) -> Responder:
-        server = in_netns(netns, lambda: camera_http(needs_auth))
+        server = in_netns(netns, lambda: camera_http(needs_auth, profiles, trickle_s))
         assert isinstance(server, http.server.ThreadingHTTPServer)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         stops.append(server.shutdown)
@@ -136,7 +162,7 @@ def camera(netns: str) -> Iterator[Callable[..., Responder]]:
         port = server.server_address[1]
         sock = in_netns(netns, responder_socket)
         assert isinstance(sock, socket.socket)
-        r = Responder(sock, xaddr or f"http://127.0.0.1:{port}/onvif/device_service", garbage)
+        r = Responder(sock, xaddr or f"http://127.0.0.1:{port}/onvif/device_service", garbage, name)
         t = threading.Thread(target=r.serve, daemon=True)
         t.start()
         stops.append(lambda: (r.stop.set(), t.join(5), sock.close()))
@@ -203,7 +229,7 @@ def test_garbage_oversized_and_dtd_replies_are_counted_and_skipped(
     assert report["onvif"][0]["profiles"][0]["uri"].startswith("rtsp://")
     stats = report["probe"]
     assert stats["oversized"] >= 1
-    assert stats["unparsable"] >= 3  # not XML, DTD, unclosed
+    assert stats["unparsable"] >= 4  # not XML, DTD, UTF-16 DTD, unclosed
     assert stats["unrelated"] >= 1  # an envelope that is no ProbeMatches
     assert stats["duplicates"] >= 1  # the repeated probe's second answer
 
@@ -280,3 +306,55 @@ def test_no_network_lists_v4l2_only_and_sends_nothing() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == {"v4l2": [], "onvif": [], "probe": None}
+
+
+def test_a_dtd_in_utf16_is_refused_like_one_in_utf8(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    """The UTF-16 ProbeMatch is well-formed and relates to the probe: only its DTD keeps
+    the camera it names out of the report."""
+    camera(garbage=True)
+    run = cameras(netns, "--json", "--timeout", "1.5")
+    assert run.returncode == 0, run.stderr
+    endpoints = [c["endpoint"] for c in json.loads(run.stdout)["onvif"]]
+    assert endpoints == ["urn:uuid:cam-1"]
+
+
+def test_a_camera_that_trickles_its_answers_is_cut_off_at_the_http_timeout(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    """One byte every 50 ms never lets a read time out: the whole exchange has a deadline,
+    and all of a camera's calls one budget, so the command ends and says why."""
+    camera(trickle_s=0.05)
+    run = cameras(netns, "--json", "--timeout", "1", "--http-timeout", "0.5")
+    assert run.returncode == 0, run.stderr
+    [cam] = json.loads(run.stdout)["onvif"]
+    assert cam["profiles"] == []
+    assert cam["error"] == "timed out: no whole answer in 0.5 s"
+
+
+HOSTILE_PROFILES = PROFILES.replace(
+    "<tt:Name>MainStream</tt:Name>",
+    "<tt:Name>Main&#10;ONVIF cameras: forged line&#x202E;gpj.exe&#x9B;31m</tt:Name>",
+)
+
+
+def test_camera_supplied_text_is_shown_on_one_line_with_its_controls_escaped(
+    netns: str, camera: Callable[..., Responder]
+) -> None:
+    """A name scope with a line break, a C1 CSI and a bidi override (percent-encoded, as
+    scopes are), and a profile name with the same as XML character references."""
+    camera(name="Dock%0Aforged%20line%C2%9B%E2%80%AEcam", profiles=HOSTILE_PROFILES)
+    run = cameras(netns, "--timeout", "1")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert not [ln for ln in lines if ln.lstrip().startswith(("forged", "ONVIF cameras: forged"))]
+    assert "  Dock\\x0aforged line\\x9b\\u202ecam IPC-T1  urn:uuid:cam-1" in lines
+    main = [ln for ln in lines if "main_tok" in ln]
+    assert main == [
+        "    Main\\x0aONVIF cameras: forged line\\u202egpj.exe\\x9b31m [H264 1920x1080]: "
+        "rtsp://127.0.0.1:8554/main_tok"
+    ]
+    assert not any(c in run.stdout for c in ("\u202e", "\x9b"))
+    report = json.loads(cameras(netns, "--json", "--timeout", "1").stdout)
+    assert report["onvif"][0]["name"] == "Dock\\x0aforged line\\x9b\\u202ecam"

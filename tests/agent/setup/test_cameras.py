@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,39 @@ def _cam(*sizes: FrameSize) -> Camera:
 def test_the_frame_size_asked_for(sizes: tuple[FrameSize, ...], wanted: tuple[int, int]) -> None:
     choice = choose_size(_cam(*sizes))
     assert (choice.width, choice.height) == wanted
+
+
+def test_list_cameras_on_a_network_without_a_route_lists_the_local_ones_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """A network namespace with only ``lo`` up and no route at all: the WS-Discovery probe
+    can't leave. The local cameras are listed, and the report says discovery was skipped
+    and why; exit 0."""
+    sysfs = _sysfs(tmp_path, {"video0": "Line camera"})
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "video0").symlink_to("/dev/null")
+    ns = f"edf-noroute-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=10)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, timeout=10)
+        base = [
+            "ip", "netns", "exec", ns, str(BIN / "edge-agent"), "setup", "--list-cameras",
+            "--sysfs-root", str(sysfs), "--dev-dir", str(dev), "--discover-timeout", "1",
+        ]  # fmt: skip
+        text = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+        listed = subprocess.run(
+            [*base, "--json"], capture_output=True, text=True, timeout=60, check=False
+        )
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, timeout=10)
+    assert text.returncode == 0, text.stderr
+    assert f"{dev / 'video0'}  Line camera" in text.stdout
+    assert "ONVIF cameras: not probed (discovery skipped, no probe could be sent: " in text.stdout
+    assert "Network is unreachable" in text.stdout
+    assert "camera discovery skipped" in text.stderr
+    assert listed.returncode == 0, listed.stderr
+    report = json.loads(listed.stdout)
+    assert [c["name"] for c in report["v4l2"]] == ["Line camera"]
+    assert (report["onvif"], report["probe"]) == ([], None)
+    assert report["skipped"].startswith("no probe could be sent: ")
