@@ -24,7 +24,7 @@ from agent.setup import dropin
 from agent.setup.cameras import DEV_DIR, SYSFS_ROOT, format_cameras, list_cameras
 
 if TYPE_CHECKING:
-    from agent.setup.device import SetupReport
+    from agent.setup.options import SetupReport
 
 EXIT_ERROR = 2
 DEFAULT_CONFIG = "/etc/edgefleet/agent.toml"
@@ -245,7 +245,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
     sysfs, dev = Path(args.sysfs_root), Path(args.dev_dir)
     if args.list_cameras:
         return _list_cameras(args, sysfs, dev)
-    from agent.setup.device import SetupOptions, setup_device  # noqa: PLC0415 - keep edge-agent light
+    from agent.setup.device import setup_device  # noqa: PLC0415 - keep edge-agent light
+    from agent.setup.options import SetupOptions  # noqa: PLC0415 - keep edge-agent light
 
     if args.token is not None and args.fleet is None:
         print(

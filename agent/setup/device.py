@@ -26,7 +26,7 @@ import shutil
 import socket
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ from agent.planning import plan_pipelines
 from agent.setup import dropin
 from agent.setup.cameras import (
     DEV_DIR,
-    SYSFS_ROOT,
     Camera,
     CameraProbeError,
     choose_size,
@@ -47,6 +46,7 @@ from agent.setup.cameras import (
 )
 from agent.setup.enrolling import enroll_device, enrollment, kept_enrollment
 from agent.setup.errors import SetupError
+from agent.setup.options import SetupOptions, SetupReport
 from agent.setup.previous import Previous, lost_pipelines, read_previous
 from agent.setup.profile import ChosenProfile, choose_profile
 from agent.setup.writer import BundleEntry, CameraEntry, DevicePlan, check, render, write_config
@@ -57,57 +57,6 @@ SERVICE_USER = "edgefleet"
 SYNTHETIC = ("test", "synthetic")
 LOCAL_BUNDLES = "local-bundles"
 MAX_BUNDLE_FILES = 1000
-KEPT_UNLESS_GIVEN = ("state_dir", "profile", "http_port")
-"""Options with a default that an existing config's value overrides unless given."""
-
-
-@dataclass(frozen=True)
-class SetupOptions:
-    """What ``edge-agent setup`` was asked to do (paths are this system's)."""
-
-    config: Path
-    state_dir: Path
-    profile: str = "auto"
-    cameras: tuple[str, ...] = ()
-    bundle: Path | None = None
-    fleet: str | None = None
-    credentials_dir: Path = Path("/etc/edgefleet/credentials/agent")
-    dropin_dir: Path | None = dropin.DEFAULT_DIR
-    device_id: str | None = None
-    http_port: int = 9464
-    owner: str | None = None
-    force: bool = False
-    sysfs_root: Path = SYSFS_ROOT
-    dev_dir: Path = DEV_DIR
-    camera_user: str = ""
-    camera_password_env: str = ""
-    discover_timeout_s: float = 3.0
-    discover_interface: str | None = None
-    discover_ip: str = "both"
-    given: frozenset[str] = frozenset(KEPT_UNLESS_GIVEN)
-    """Which of :data:`KEPT_UNLESS_GIVEN` the user gave; over an existing config, the
-    others are taken from it (the command line leaves out what was not typed)."""
-
-
-@dataclass
-class SetupReport:
-    """What setup did, for the terminal or ``--json``."""
-
-    config: str
-    device_id: str
-    profile: str
-    profile_reason: str
-    cameras: list[dict[str, Any]] = field(default_factory=list)
-    found: list[dict[str, Any]] = field(default_factory=list)
-    bundle: dict[str, str] | None = None
-    enrolled: dict[str, Any] | None = None
-    dropin: str | None = None
-    credentials_dir: str = ""
-    owner: str = ""
-    done: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    next_steps: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from agent.kernel.errors import EdgefleetError
 from agent.setup.errors import SetupError
 
 if TYPE_CHECKING:
-    from agent.setup.device import SetupOptions, SetupReport
+    from agent.setup.options import SetupOptions, SetupReport
     from agent.setup.previous import Previous
 
 
