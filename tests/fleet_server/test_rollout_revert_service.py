@@ -6,6 +6,8 @@ on devices another active rollout holds is refused, naming it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +16,34 @@ from tuf.api.metadata import Metadata, Targets
 
 from agent.wire import topics
 from agent.wire.messages import BundleRef, install_state_event
-from fleet_server.db import store
+from fleet_server.db import open_database, sqlite_url, store
 from fleet_server.repository import KeyStore, Repository
 from fleet_server.rollout import RolloutError
 from fleet_server.rollout.service import RolloutOverlap
-from tests.fleet_server.test_rollout_service import PROFILE, SPEC, Setup
+from tests.agent.installer.installer_helpers import make_bundle
+from tests.fleet_server.test_rollout_service import PROFILE, SPEC, VERSIONS, Setup
 
-pytest_plugins = ["tests.fleet_server.test_rollout_service"]  # the db and fleet fixtures
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KeyStore, Repository]]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEFLEET_KEY_PASSPHRASE", "test passphrase, made at test time")
+        root = tmp_path_factory.mktemp("fleet")
+        keys = KeyStore.create(root / "keys", root_keys=1, root_threshold=1)
+        repo = Repository(root / "repo")
+        repo.init(keys)
+        for release, version in VERSIONS.items():
+            bundle = make_bundle(root, name="cls", version=version, release=release, budget_ms=50)
+            repo.publish(bundle.path, keys)
+        yield keys, repo
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Engine]:
+    engine = open_database(sqlite_url(tmp_path / "fleet.db"))
+    yield engine
+    engine.dispose()
+
 
 UNPUBLISHED = BundleRef(name="cls", version="0.9.0", release=0)
 """A bundle a device was set up with that the fleet's repository never published."""
