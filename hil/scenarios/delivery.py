@@ -20,6 +20,8 @@ from hil.shell import wait_for
 TARGET = f"{BUNDLE}@{RELEASE2_VERSION}"
 _RETRY = re.compile(r"fetch (\S+) at offset (\d+): (.*) \(try (\d+)\)")
 STOPPED = ("paused", "rolling_back", "rolled_back", "cancelled", "completed_partial")
+AFTER_SWITCH = ("switch", "health", "commit")
+"""Install steps after which a failure puts the previous slot back (a local rollback)."""
 
 
 def journal(dev: Device) -> dict[str, Any]:
@@ -87,7 +89,10 @@ class DownloadCut(Scenario):
         link.clear()
         try:
             wait_for(
-                lambda: ctx.fleet.rollout_status(rid, dev.device_id) in ("done", "failed"),
+                lambda: (
+                    ctx.fleet.rollout_status(rid, dev.device_id)
+                    in ("done", "failed", "rolled-back")
+                ),
                 180,
                 "the device to report the install",
                 poll_s=0.5,
@@ -171,7 +176,10 @@ class RolloutCut(Scenario):
         out.faults.append(link.record())
         try:
             wait_for(
-                lambda: ctx.fleet.rollout_status(rid, dev.device_id) in ("done", "failed"),
+                lambda: (
+                    ctx.fleet.rollout_status(rid, dev.device_id)
+                    in ("done", "failed", "rolled-back")
+                ),
                 90,
                 "the device's report",
                 poll_s=0.25,
@@ -180,10 +188,14 @@ class RolloutCut(Scenario):
         except HilError:
             reported_s = None
         final = ctx.fleet.rollout_status(rid, dev.device_id)
+        # a window that failed after the switch put the previous slot back: the device
+        # rolled back on its own (the installer's journal says failed, at that step)
+        rolled_back = local.get("status") == "failed" and local.get("step") in AFTER_SWITCH
+        finished = local.get("status") in ("committed", "rolled-back") or rolled_back
         out.checks.append(
             verdict(
                 self.invariants[0],
-                local_done is not None and local.get("status") in ("committed", "rolled-back"),
+                local_done is not None and finished,
                 {
                     "cut_at_step": cut_step,
                     "local_outcome": local.get("status"),
@@ -202,16 +214,18 @@ class RolloutCut(Scenario):
                 f"statuses {bad}, phases {stopped}" if bad or stopped else "",
             )
         )
-        expect = "done" if local.get("status") == "committed" else "failed"
+        # a device that rolled back fails the rollout's gate; once the rollout has
+        # reverted, the device that already runs its previous release is rolled-back
+        expect = ("done",) if local.get("status") == "committed" else ("failed", "rolled-back")
         out.checks.append(
             verdict(
                 self.invariants[2],
-                final == expect and reported_s is not None,
+                final in expect and reported_s is not None,
                 {
                     "status": final,
                     "reported_after_return_s": None if reported_s is None else round(reported_s, 1),
                     "phase": ctx.fleet.rollout(rid).get("phase"),
                 },
-                "" if final == expect else f"expected {expect} after a local {local.get('status')}",
+                "" if final in expect else f"expected {expect} after a local {local.get('status')}",
             )
         )
