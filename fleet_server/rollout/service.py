@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from agent.kernel.errors import BundleError
@@ -600,9 +601,18 @@ HELD_IN_ROLLBACK = tuple(s.value for s in REVERT_OPEN)
 """The devices a rollout that is rolling back still holds: those whose revert is open."""
 
 
+CREATE_LOCK_KEY = 0x6564_6765_726F  # "edgero": serialises rollout creation on PostgreSQL
+"""Two replicas creating rollouts on the same devices at once would each see the other's
+rows as not yet there (PostgreSQL's read committed; SQLite's write lock already orders
+them): the overlap check and the insert run under this transaction-scoped lock."""
+
+
 def _refuse_overlap(conn: Any, rollout: Rollout) -> None:
     """Raise :class:`RolloutOverlap` when another active rollout holds any of the new
-    rollout's devices (checked in the transaction that stores it)."""
+    rollout's devices (checked in the transaction that stores it, serialised with every
+    other creation on PostgreSQL by :data:`CREATE_LOCK_KEY`)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(CREATE_LOCK_KEY)))
     held: dict[tuple[str, str], builtins.list[str]] = {}
     for other, phase, device_id, status in rollouts_on_devices(
         conn, rollout.devices, RUNNING_PHASES

@@ -6,6 +6,7 @@ on devices another active rollout holds is refused, naming it."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from fleet_server.rollout import RolloutError
 from fleet_server.rollout.service import RolloutOverlap
 from tests.agent.installer.installer_helpers import make_bundle
 from tests.fleet_server.test_rollout_service import PROFILE, SPEC, VERSIONS, Setup
+from tests.support.pg import PgCluster
+
+pytest_plugins = ["tests.fleet_server.db_fixtures"]
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +220,44 @@ def test_a_rollout_on_devices_another_active_rollout_holds_is_refused_naming_it(
     s.service.resolve(first, canary, "accept", by="dave")
     assert s.service.get(first)["phase"] == "rolled_back"
     s.service.create({**SPEC, "selector": "line=3"})  # nothing holds them now
+
+
+def test_two_rollouts_created_at_once_on_postgresql_hold_their_devices_once(
+    pg_cluster: PgCluster, fleet: tuple[KeyStore, Repository]
+) -> None:
+    """Two creations at the same moment (two threads, two connections; replicas would be
+    two processes) on the same devices: each round one is stored and the other refused
+    naming it, never both (the overlap check runs under an advisory lock there)."""
+    url = pg_cluster.create_database()
+    engine = open_database(url)
+    try:
+        s = Setup(engine, fleet)
+        for d in ("gw-1", "gw-2"):
+            s.device(d)
+        for _ in range(4):
+            barrier = threading.Barrier(2, timeout=30)
+            made: list[str] = []
+            refused: list[RolloutOverlap] = []
+
+            def create(
+                barrier: threading.Barrier, made: list[str], refused: list[RolloutOverlap]
+            ) -> None:
+                barrier.wait()
+                try:
+                    made.append(s.service.create({**SPEC, "selector": "line=3"}))
+                except RolloutOverlap as exc:
+                    refused.append(exc)
+
+            threads = [
+                threading.Thread(target=create, args=(barrier, made, refused)) for _ in range(2)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert len(made) == 1, (made, refused)
+            assert [r.other for r in refused] == made
+            s.service.act(made[0], "cancel")
+    finally:
+        engine.dispose()
+        pg_cluster.drop_database(url)
