@@ -157,7 +157,7 @@ class Fleet:
             "[uplink]\nenabled = true\nheartbeat_interval_s = 0.5\nhealth_interval_s = 1.0\n"
             "[bundles]\nenabled = true\n"
             "installer = { health_window_s = 2.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"
-            '[decision_log]\nthumbnails = "all"\nthumbnail_max_side = 64\n'
+            '[decision_log]\nthumbnails = "none"\n'  # the gates read records, not images
             "[shadow]\nsample = 1.0\nmax_fps = 15\n"
             f"[drift]\nperiod_s = {DRIFT_PERIOD_S}\n"
             f'[[cameras]]\nname = "c1"\nkind = "file"\nuri = "{self.videos[video]}"\n'
