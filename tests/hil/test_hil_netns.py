@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 
 from hil import netns, shell
@@ -74,6 +75,11 @@ def test_cleanup_stale_removes_what_a_crashed_run_left(lan: netns.Lan, tmp_path:
     left = netns.Netns(lan, 198)
     left.create()  # a run that died without tearing down
     proc = shell.Proc(left.exec_argv(["sleep", "60"]), tmp_path / "sleep.log")
+    # `ip netns exec` enters the namespace after it started: wait until it is in there
+    deadline = time.monotonic() + 30
+    while not left.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left.pids(), "the process never entered its namespace"
     removed = netns.cleanup_stale([left.name])
     assert f"netns {left.name} (1 processes killed)" in removed
     assert f"link {left.host_end}" in removed or left.host_end not in _links()
