@@ -406,7 +406,9 @@ def test_sigkill_during_heavy_logging_never_corrupts_the_log(
     db = tmp_path / "state" / "decisions.db"
     last = 0
     rng = np.random.default_rng(7)
-    for i in range(20):
+    # 8 kills of the whole agent at random moments of heavy logging; the writer alone is
+    # killed at many more moments in tests/agent/decisionlog (cheaper than agent starts)
+    for i in range(8):
         proc = subprocess.Popen(
             # the writer is the same in one process; one interpreter start a round, not
             # three (tests/agent/test_process_split.py kills the two-process agent)
@@ -430,7 +432,7 @@ def test_sigkill_during_heavy_logging_never_corrupts_the_log(
             con.close()
         assert count >= last, f"round {i}: rows went from {last} to {count}"
         last = count
-    assert last > 20
+    assert last > 8
 
 
 def test_a_bundle_for_another_device_class_is_not_started(
