@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fastapi import Query
-
 MAX_INT = 2**63 - 1
 """The largest whole number a database column holds (BIGINT; SQLite's INTEGER): a
 counter or cursor beyond it can't be stored, so it can't be asked for either."""
@@ -75,6 +73,8 @@ def whole(description: str, *, ge: int, le: int, alias: str | None = None) -> An
     ``Annotated[int, whole("Rows", ge=1, le=500)]``."""
     if not -MAX_INT - 1 <= ge <= le <= MAX_INT:
         raise ValueError(f"bounds {ge}..{le} are not within a database integer")
+    from fastapi import Query  # noqa: PLC0415 - the API's routes only: fleetctl stays light
+
     return Query(ge=ge, le=le, alias=alias, description=f"{description.rstrip('.')} ({ge}..{le}).")
 
 
@@ -84,6 +84,8 @@ def number(description: str, *, ge: float, le: float, alias: str | None = None) 
     if not (math.isfinite(ge) and math.isfinite(le) and ge <= le):
         raise ValueError(f"bounds {ge}..{le} are not finite")
     text = f"{description.rstrip('.')} ({_bound(ge)}..{_bound(le)})."
+    from fastapi import Query  # noqa: PLC0415 - the API's routes only: fleetctl stays light
+
     return Query(ge=ge, le=le, allow_inf_nan=False, alias=alias, description=text)
 
 
