@@ -175,7 +175,13 @@ class ShadowRunner:
                     log.exception("shadow of pipeline %s: unexpected error", self.pipeline)
                     self._error(f"{type(e).__name__}: {e}")
         finally:
+            # offered and never run: the shadow had not caught up when it stopped; counted,
+            # so that every sampled frame is compared or skipped
+            left = len(self._jobs)
             self._jobs.clear()
+            for _ in range(left):
+                self.counts.skipped_behind += 1
+                self.stats.skip()
             self.store.close()
 
     # -- one frame ---------------------------------------------------------------------
