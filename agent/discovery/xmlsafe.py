@@ -23,7 +23,7 @@ _DTD = "a DTD (SOAP messages carry none)"
 
 
 class _Refused(Exception):
-    pass
+    """Raised inside the parser's handlers to stop at a DTD."""
 
 
 def _refuse(*_args: object) -> NoReturn:
