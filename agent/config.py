@@ -26,6 +26,10 @@ from agent.http import HttpConfig
 from agent.kernel.configbase import MAX_MB, MAX_TIMEOUT_S, MAX_WORKERS, Section, dotted
 from agent.kernel.errors import ConfigError
 from agent.kernel.toml import MAX_CONFIG_BYTES, load_toml_file
+from agent.line.config import InputConfig, OutputConfig, StationConfig
+from agent.line.drivers.configs import PlcConfig
+from agent.line.points import parse_point
+from agent.line.servers.config import ModbusServerConfig, OpcUaServerConfig
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
 from agent.sensors.config import SensorConfig
@@ -234,12 +238,27 @@ class AgentConfig(Section):
         description="Drift histograms per model version, line, source and bucket.",
     )
 
+    plc: list[PlcConfig] = Field(
+        default_factory=list, description="PLC connections (OPC UA, Modbus TCP, Logix, S7, MQTT)."
+    )
+    stations: list[StationConfig] = Field(
+        default_factory=list, description="Triggered inspection stations (see docs/stations.md)."
+    )
+    opcua_server: OpcUaServerConfig = Field(
+        default_factory=OpcUaServerConfig,
+        description="The agent as an OPC UA Machine Vision server (off by default).",
+    )
+    modbus_server: ModbusServerConfig = Field(
+        default_factory=ModbusServerConfig,
+        description="The agent as a Modbus TCP server (off by default).",
+    )
+
     def uses_installer(self) -> bool:
         return self.bundles.enabled or any(
             ref.installed for p in self.pipelines for ref in (p, *p.chain)
         )
 
-    @field_validator("cameras", "sensors", "pipelines")
+    @field_validator("cameras", "sensors", "pipelines", "plc", "stations")
     @classmethod
     def _unique_names(cls, items: list[Any]) -> list[Any]:
         seen: set[str] = set()
@@ -300,6 +319,7 @@ def _cross_check(cfg: AgentConfig, path: str) -> None:
                     f"pipelines[{i}].policy",
                     f"outcome(s) {sorted(extra)} not defined by line '{line}' {sorted(allowed)}",
                 )
+    _check_stations(cfg, path)
     for name, line_cfg in cfg.lines.items():
         if line_cfg.policy is not None:
             extra = line_cfg.policy.outcomes() - set(line_cfg.outcomes)
@@ -307,6 +327,55 @@ def _cross_check(cfg: AgentConfig, path: str) -> None:
                 raise ConfigError(
                     path, f"lines.{name}.policy", f"outcome(s) {sorted(extra)} not in outcomes"
                 )
+
+
+def _check_stations(cfg: AgentConfig, path: str) -> None:
+    """Each station's pipeline reads a camera and has no other station; its connection
+    exists; every address parses in its driver's syntax for its type; its fail-safe
+    outcome is one its line defines."""
+    links = {link.name: link for link in cfg.plc}
+    pipelines = {p.name: p for p in cfg.pipelines}
+    cameras = {c.name for c in cfg.cameras}
+    taken: dict[str, str] = {}
+    for i, st in enumerate(cfg.stations):
+        where = f"stations[{i}]"
+        pipe = pipelines.get(st.pipeline)
+        if pipe is None:
+            known = ", ".join(sorted(pipelines)) or "none configured"
+            raise ConfigError(path, f"{where}.pipeline", f"no pipeline '{st.pipeline}' ({known})")
+        if pipe.source not in cameras:
+            why = f"pipeline '{pipe.name}' reads '{pipe.source}', not a camera"
+            raise ConfigError(path, f"{where}.pipeline", why)
+        if pipe.name in taken:
+            why = f"pipeline '{pipe.name}' already belongs to station '{taken[pipe.name]}'"
+            raise ConfigError(path, f"{where}.pipeline", why)
+        taken[pipe.name] = st.name
+        line = cfg.source_line(pipe.source)
+        if line in cfg.lines and st.fail_safe not in cfg.lines[line].outcomes:
+            raise ConfigError(
+                path,
+                f"{where}.fail_safe",
+                f"'{st.fail_safe}' is not an outcome of line '{line}' {cfg.lines[line].outcomes}",
+            )
+        if st.plc is None:
+            continue
+        link = links.get(st.plc)
+        if link is None:
+            known = ", ".join(sorted(links)) or "none configured"
+            raise ConfigError(path, f"{where}.plc", f"no [[plc]] '{st.plc}' ({known})")
+        named: list[tuple[str, InputConfig | OutputConfig | None]] = [
+            ("trigger", st.trigger),
+            ("part_id", st.part_id),
+            ("ack", st.ack),
+        ]
+        named += [(f"outputs[{j}]", out) for j, out in enumerate(st.outputs)]
+        for field, point in named:
+            if point is None:
+                continue
+            try:
+                parse_point(link.driver, point.point, point.type)
+            except ValueError as exc:
+                raise ConfigError(path, f"{where}.{field}.point", str(exc)) from None
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
@@ -330,6 +399,12 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     for cam in data.get("cameras") or []:
         if isinstance(cam, dict) and cam.get("kind") in ("file", "images") and cam.get("uri"):
             cam["uri"] = str(base / cam["uri"])
+    for link in data.get("plc") or []:
+        if not isinstance(link, dict):
+            continue
+        for key in ("certificate", "private_key", "server_certificate"):
+            if isinstance(link.get(key), str):
+                link[key] = str(base / link[key])
 
 
 def _rename_deprecated(data: dict[str, Any], path: str) -> dict[str, str]:

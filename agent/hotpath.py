@@ -35,6 +35,7 @@ from agent.installer.checks import measure_in_pool
 from agent.installer.errors import InstallError
 from agent.kernel.bundle import load_bundle
 from agent.kernel.errors import BundleError
+from agent.line.service import LineService
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision
 from agent.pipelines import Pipelines
@@ -137,12 +138,14 @@ class HotPath:
                 self.state_dir, profile_name=self.profile_name, config=config.bundles.installer
             )
             resolve = installed_resolver(self.installer)
+        self.line = LineService(config, metrics=self.metrics, on_alarm=self._alarm)
         self.sink = DecisionSink(
             self.log,
             self.dispatcher,
             self.metrics,
             pipeline_of=lambda source: self.pipelines.pipeline_of(source),  # noqa: PLW0108 - built below
             on_decision=on_decision,
+            answer=self.line.answer if self.line.stations else None,
         )
         self.pipelines = Pipelines(
             config,
@@ -151,6 +154,7 @@ class HotPath:
             problems=self.problems,
             emit=self.sink.emit,
             on_reload=self.sink.reset_counts,
+            wrap_source=self.line.wrap_source if self.line.stations else None,
         )
         self._stop = threading.Event()
         self._gauges = GaugeThread(self.update_gauges, self._stop)
@@ -172,6 +176,7 @@ class HotPath:
         if self.installer is not None and self._recover:
             for report in self.installer.recover():
                 log.warning("installer recovered: %s", report)
+        self.line.start()
         self.pipelines.start()
         self.dispatcher.start()
         self._gauges.start()
@@ -182,6 +187,7 @@ class HotPath:
         deadline = time.monotonic() + timeout_s
         self._stop.set()
         self.pipelines.stop(deadline)
+        self.line.stop(timeout_s=max(0.2, min(2.0, deadline - time.monotonic())))
         self.dispatcher.stop(timeout_s=max(0.1, min(1.0, deadline - time.monotonic())))
         self.log.close(timeout_s=max(0.5, deadline - time.monotonic() - 0.5))
         self.pipelines.close_pool(timeout_s=max(0.2, deadline - time.monotonic()))
@@ -206,14 +212,22 @@ class HotPath:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Alive: the pool has workers and the decision log writer runs."""
-        return hotpath_liveness(self.pipelines, self.log, configured=bool(self.config.pipelines))
+        alive, details = hotpath_liveness(
+            self.pipelines, self.log, configured=bool(self.config.pipelines)
+        )
+        if self.line.configured:
+            details["line"] = self.line.health()
+        return alive, details
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
         """Ready: every started pipeline runs and every camera delivers."""
         return readiness(self.pipelines)
 
     def stats(self) -> dict[str, Any]:
-        return agent_stats(self.pipelines, self.log, self.dispatcher)
+        stats = agent_stats(self.pipelines, self.log, self.dispatcher)
+        if self.line.configured:
+            stats["line"] = self.line.stats()
+        return stats
 
     def fleet_health(self) -> dict[str, Any]:
         """The agent's part of the fleet's ``Health`` report."""
@@ -236,6 +250,7 @@ class HotPath:
 
     def update_gauges(self) -> None:
         update_hotpath_gauges(self.metrics, self.pipelines, self.log)
+        self.line.update_metrics()
 
     def handle(self, op: str, args: dict[str, Any]) -> Any:
         """Answer one control operation (:data:`agent.control.protocol.OPS`), its

@@ -213,6 +213,27 @@ class AgentMetrics:
             ["sensor"],
             registry=r,
         )
+        # the line (agent/line)
+        self.line_failures = Counter(
+            "edgefleet_line_failures",
+            "PLC calls that failed, by link, driver and reason word (refused, timeout, "
+            "bad_node, type_mismatch, denied, queue_full, disconnected, protocol, unavailable).",
+            ["link", "driver", "reason"], registry=r,
+        )  # fmt: skip
+        self.line_connected = Gauge(
+            "edgefleet_line_connected", "1 while the PLC link is connected, else 0.",
+            ["link", "driver"], registry=r,
+        )  # fmt: skip
+        self.station_results = Counter(
+            "edgefleet_station_results",
+            "Results a station answered, by status (ok, deadline_missed, overrun, error).",
+            ["station", "status"], registry=r,
+        )  # fmt: skip
+        self.station_latency = Histogram(
+            "edgefleet_station_trigger_to_result_seconds",
+            "From seeing a station's trigger to queueing its result's writes.",
+            ["station"], buckets=LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
         self.alarms = Counter("edgefleet_alarms", "Alarms raised, by kind.", ["kind"], registry=r)
         # shadow candidate
         self.shadow_frames = Counter(

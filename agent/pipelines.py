@@ -70,6 +70,7 @@ class Pipelines:
         problems: list[Problem],
         emit: Callable[[Decision], None],
         on_reload: Callable[[], None] = lambda: None,
+        wrap_source: Callable[[str, Camera], Any] | None = None,
     ) -> None:
         self.config = config
         self.resolve = resolve
@@ -77,6 +78,9 @@ class Pipelines:
         self.problems = problems
         self._emit = emit
         self._on_reload = on_reload
+        self._wrap_source = wrap_source
+        """(pipeline, camera) -> the source the pipeline reads instead of the camera (a
+        station's triggered source), or None for the camera itself."""
         self._config_hash = config.digest()
         self.cameras: dict[str, Camera] = {}
         self.sensors: dict[str, SensorSource] = {}
@@ -416,11 +420,15 @@ class Pipelines:
         ]
         name = plan.config.name
         deadline = plan.config.deadline_ms / 1000 if plan.config.deadline_ms else None
+        camera = source if isinstance(source, Camera) else None
+        reads = source
+        if camera is not None and self._wrap_source is not None:
+            reads = self._wrap_source(name, camera) or source
         runner = PipelineRunner(
             name,
             source_name=plan.config.source,
             line=plan.line,
-            source=source,
+            source=reads,
             pool=self.pool,
             stages=stages,
             policy=plan.policy,

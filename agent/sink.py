@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.actions.dispatcher import ActionDispatcher, ActionEvent
 from agent.decisionlog import DecisionLog
+from agent.decisionlog.record import new_id
 from agent.livelatency import LatencyWindow
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision
@@ -25,12 +26,16 @@ class DecisionSink:
         *,
         pipeline_of: Callable[[str], str],
         on_decision: Callable[[Decision, str], None] | None = None,
+        answer: Callable[[Decision], bool] | None = None,
     ) -> None:
         self.log = log
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.pipeline_of = pipeline_of
         self.on_decision = on_decision
+        self.answer = answer
+        """Hands a triggered decision to its station (which queues the PLC's writes)
+        before it is logged; True when it came past the station's deadline."""
         self.outcome_counts: dict[str, int] = {}
         """Decisions by outcome since the bundles were last (re)loaded, for the fleet's
         outcome-shift gate."""
@@ -63,6 +68,10 @@ class DecisionSink:
     def emit(self, d: Decision) -> None:
         rec = d.record
         self.outcome_counts[rec.outcome] = self.outcome_counts.get(rec.outcome, 0) + 1
+        if d.trigger is not None and self.answer is not None:
+            # the PLC first: its result carries the decision id, so the id is made here
+            rec.id = rec.id or new_id(rec.decision_time)
+            rec.deadline_missed = self.answer(d)
         decision_id = self.log.append(rec)
         e2e_s = (time.perf_counter_ns() - d.t_capture_ns) / 1e9
         self.live.record(e2e_s * 1000.0)

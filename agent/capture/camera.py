@@ -110,6 +110,8 @@ class Camera:
         self._on_state = on_state
         self._slot: LatestSlot[Frame] = LatestSlot()
         self._stop = threading.Event()
+        self._fire = threading.Event()
+        self._fired = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._up = False
@@ -170,6 +172,21 @@ class Camera:
                 self.name,
                 timeout_s,
             )
+
+    @property
+    def software_triggered(self) -> bool:
+        """The camera reads a frame only when :meth:`software_trigger` fires it."""
+        return self._config.trigger_mode == "software"
+
+    def software_trigger(self) -> bool:
+        """Read one frame now (``trigger_mode = "software"``); False for a free-running
+        camera. Triggers fired faster than the source reads are folded into one."""
+        if not self.software_triggered:
+            return False
+        with self._lock:
+            self._fired += 1
+        self._fire.set()
+        return True
 
     def latest(self, timeout_s: float) -> Frame | None:
         """The newest frame not yet taken, waiting up to ``timeout_s``; None on timeout or stop."""
@@ -288,7 +305,13 @@ class Camera:
             self._stop.wait(c.phase * period_ns / 1e9)
         last_frame_ns = time.perf_counter_ns()
         next_ns = last_frame_ns  # paced: when to read next; live: earliest next publish
+        triggered = self.software_triggered
         while not self._stop.is_set():
+            if triggered:  # one frame per software trigger; idle is not a stall
+                if not self._fire.wait(_IDLE_WAIT_S):
+                    last_frame_ns = time.perf_counter_ns()
+                    continue
+                self._fire.clear()
             image = source.read()
             t_ns = time.perf_counter_ns()
             wall = time.time()
@@ -312,6 +335,8 @@ class Camera:
                 self._publish(image, t_ns, wall, backoff)
                 continue
             self._publish(image, t_ns, wall, backoff)
+            if triggered:
+                continue
             next_ns += period_ns
             now = time.perf_counter_ns()
             if next_ns < now - period_ns:

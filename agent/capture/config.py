@@ -62,6 +62,14 @@ class CameraConfig(Section):
     loop: bool = Field(
         True, description="Start over at the end of a video file or image directory."
     )
+    trigger_mode: Literal["free_run", "software"] = Field(
+        "free_run",
+        description=(
+            "`free_run`: read at `fps`. `software`: read one frame each time the agent "
+            "fires the camera's software trigger (a station with capture = "
+            '"software_trigger"); file, image and synthetic sources.'
+        ),
+    )
     phase: float = Field(
         0.0,
         ge=0,
@@ -225,7 +233,16 @@ class CameraConfig(Section):
             )
         if self.kind != "rtsp" and self.damaged_frames != "keep":
             raise ValueError(f"damaged_frames applies to rtsp cameras only, not {self.kind}")
+        if self.trigger_mode == "software" and self.kind not in SOFTWARE_TRIGGER_KINDS:
+            raise ValueError(
+                f"trigger_mode = 'software' applies to {', '.join(SOFTWARE_TRIGGER_KINDS)} "
+                f"cameras, not {self.kind} (a live stream can't be triggered)"
+            )
         return self
+
+
+SOFTWARE_TRIGGER_KINDS = ("synthetic", "file", "images")
+"""Camera kinds the agent reads one frame at a time on a software trigger."""
 
 
 def counts_damage(config: CameraConfig) -> bool:

@@ -47,6 +47,13 @@ class DecisionRecord:
     latencies_ms: dict[str, float]
     thumbnail: npt.NDArray[np.uint8] | None = None
     id: str = ""
+    station: str = ""
+    """The station whose trigger this decision answers ("" for a free-running pipeline)."""
+    part_id: str = ""
+    """The part id the PLC gave with the trigger ("" when none)."""
+    deadline_missed: bool = False
+    """The station's deadline passed before this decision: the fail-safe result was
+    written to the PLC instead of this decision's."""
     frame_only: bool = False
     """Set by ``append()``: ``thumbnail`` is kept for the drift input statistics only
     (:mod:`agent.drift`), not as a JPEG."""

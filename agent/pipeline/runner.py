@@ -98,6 +98,9 @@ class Decision:
     verdict: Verdict
     result: Result
     t_capture_ns: int
+    trigger: Any = None
+    """The station's trigger this decision answers (:class:`agent.line.handshake.Trigger`),
+    None for a free-running pipeline."""
 
 
 ShadowHook = Callable[["Decision", np.ndarray, bool], None]
@@ -430,6 +433,7 @@ class PipelineRunner:
         lat["policy"] = (t_done - t_policy) / 1e6
         lat["e2e"] = (t_done - t0) / 1e6
         rule = verdict.rule  # the rules' dump is made once (what Verdict.thresholds gives)
+        trigger = getattr(item, "trigger", None)
         record = DecisionRecord(
             capture_time=item.wall_time,
             decision_time=time.time(),
@@ -446,6 +450,8 @@ class PipelineRunner:
             thresholds={"rules": self._rules, "default": self.policy.default, "fired": rule},
             latencies_ms=lat,
             thumbnail=data if is_image else None,
+            station=trigger.station if trigger is not None else "",
+            part_id=trigger.part_id if trigger is not None else "",
         )
         times = self.stage_times
         if times is not None:
@@ -453,7 +459,7 @@ class PipelineRunner:
             times.record("postprocess", t_post - t_inferred)
             times.record("policy", t_done - t_policy)
             times.record("record", time.perf_counter_ns() - t_done)
-        return Decision(record, verdict, result, t0)
+        return Decision(record, verdict, result, t0, trigger)
 
 
 def run_chain(
