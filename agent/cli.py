@@ -170,6 +170,8 @@ def cmd_decisions(args: argparse.Namespace) -> int:
         source=args.source,
         outcome=args.outcome,
         model_version=args.model_version,
+        station=args.station,
+        part_id=args.part_id,
         limit=args.limit,
     )
     sys.stdout.write(format_rows(rows, args.format))
@@ -297,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "decisions",
         help="list decisions from the log (newest first), or show one",
         epilog="examples:\n  edge-agent decisions --since 2h --outcome reject\n"
+        "  edge-agent decisions --part-id P-20261121-0042\n"
         "  edge-agent decisions show ID",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -309,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--source", help="camera or sensor name")
     dec.add_argument("--outcome", help="pass, reject, review, ...")
     dec.add_argument("--model-version", help="model version")
+    dec.add_argument("--station", help="the station whose PLC trigger it answers")
+    dec.add_argument("--part-id", help="the part id the PLC passed (every decision on a part)")
     dec.add_argument("--limit", type=int, default=50)
     dec.add_argument("--format", choices=["table", "csv", "jsonl"], default="table")
     dec.set_defaults(func=cmd_decisions)

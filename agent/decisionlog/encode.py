@@ -99,4 +99,7 @@ def row_of(
         e2e_ms(record),
         thumbnail,
         0,
+        record.station,
+        record.part_id,
+        1 if record.deadline_missed else 0,
     )

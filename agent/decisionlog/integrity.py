@@ -6,7 +6,8 @@ A path that is not ours is moved aside the same way, with a suffix naming why:
 ``<name>.not-a-file-<time>`` for something that is not a regular file (a directory, a
 FIFO, a device, a symlink to ``/dev/zero`` or to nothing), ``<name>.foreign-<time>`` for a
 sound SQLite database of another schema (another application's, no ``decisions`` table,
-or a column of it dropped). A log with every column and some extra ones is ours and kept.
+or a column of it dropped). A log with every column and some extra ones is ours and kept;
+so is a log from before a migration that added columns (the migration adds them).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from agent.kernel.durable import fsync_dir
 log = logging.getLogger(__name__)
 
 SIDE_FILES = ("-wal", "-shm")
+_MIGRATION_COLUMNS = ("migration_set", "name", "applied_at")
 KEEP_CORRUPT = 3
 CORRUPT = "corrupt"
 FOREIGN = "foreign"
@@ -70,7 +72,9 @@ def foreign(path: Path) -> str | None:
     """Why the (sound) SQLite database at ``path`` is not a decision log, or None.
 
     Empty (no tables yet) is ours: the migrations create the tables. A ``decisions``
-    table holding every column the log writes is ours, extra columns and all.
+    table holding every column its recorded migrations made is ours, extra columns and
+    all: one from before migration 0004 lacks the station columns, which that migration
+    adds when the log opens.
 
     Raises:
         DecisionLogError: the file can't be read.
@@ -91,13 +95,24 @@ def foreign(path: Path) -> str | None:
         if schema.TABLE not in tables:
             shown = ", ".join(sorted(tables)[:5]) + (" ..." if len(tables) > 5 else "")
             return f"no {schema.TABLE} table (tables: {shown})"
-        return _missing(conn, schema.TABLE, schema.COLUMNS) or _missing(
-            conn, schema.MIGRATIONS_TABLE, ("migration_set", "name", "applied_at"), tables
+        return _missing(conn, schema.MIGRATIONS_TABLE, _MIGRATION_COLUMNS, tables) or _missing(
+            conn, schema.TABLE, _expected_columns(conn, tables)
         )
     except sqlite3.Error as e:
         return f"its schema can't be read: {e}"
     finally:
         conn.close()
+
+
+def _expected_columns(conn: sqlite3.Connection, tables: set[str]) -> tuple[str, ...]:
+    """The ``decisions`` columns a log has after the migrations it records."""
+    if schema.MIGRATIONS_TABLE not in tables:
+        return schema.BASE_COLUMNS
+    row = conn.execute(
+        f"SELECT 1 FROM {schema.MIGRATIONS_TABLE} WHERE migration_set = ? AND name = ?",  # noqa: S608 - fixed name
+        (schema.MIGRATIONS.name, schema.STATION_MIGRATION),
+    ).fetchone()
+    return schema.COLUMNS if row is not None else schema.BASE_COLUMNS
 
 
 def _missing(

@@ -26,6 +26,8 @@ TABLE_COLUMNS = (
     "decision_time_utc",
     "source",
     "line",
+    "station",
+    "part_id",
     "outcome",
     "model_version",
     "e2e_ms",
@@ -46,12 +48,16 @@ def query(
     source: str | None = None,
     outcome: str | None = None,
     model_version: str | None = None,
+    station: str | None = None,
+    part_id: str | None = None,
     limit: int = 100,
 ) -> list[dict[str, Any]]:
     """Decisions matching every given filter, newest first, at most ``limit``.
 
-    ``since`` is inclusive and ``until`` exclusive (unix seconds of the decision time).
-    Rows carry the ISO-8601 UTC times and the JSON columns decoded.
+    ``since`` is inclusive and ``until`` exclusive (unix seconds of the decision time);
+    ``station`` and ``part_id`` match exactly (``part_id`` reads its index: every
+    decision about one part). Rows carry the ISO-8601 UTC times, the JSON columns
+    decoded and ``deadline_missed`` as a bool.
 
     Raises:
         DecisionLogError: no readable decision log at ``db_path``, or ``limit`` < 1.
@@ -66,6 +72,8 @@ def query(
         ("source = ?", source),
         ("outcome = ?", outcome),
         ("model_version = ?", model_version),
+        ("station = ?", station),
+        ("part_id = ?", part_id),
     ):
         if value is not None:
             where.append(clause)
@@ -100,6 +108,8 @@ def _fetch(db_path: Path, sql: str, params: Sequence[Any]) -> list[dict[str, Any
         for col in JSON_COLUMNS:
             if isinstance(row.get(col), str):
                 row[col] = json.loads(row[col])
+        if "deadline_missed" in row:
+            row["deadline_missed"] = bool(row["deadline_missed"])
     return rows
 
 

@@ -8,6 +8,11 @@
   and fixed-bin histograms of what the model saw and said (:data:`DRIFT_COLUMNS`; the bin
   edges are :data:`agent.wire.quality.DRIFT_BINS`); ``uploaded`` is 0 while the hour
   changes after its last upload, 2 while queued, 1 once acknowledged.
+- ``decisions.station``, ``part_id``, ``deadline_missed`` (migration 0004): the station
+  whose PLC trigger a decision answers, the part id the PLC passed with it, and whether
+  the station's deadline passed first (the PLC got the fail-safe result); '' and 0 for a
+  free-running pipeline and for the rows logged before the migration. ``part_id`` is
+  indexed: a line manager looks a part up.
 
 Migrations are sqlite-utils migrations recorded in ``_migrations`` (one row each: set,
 name, applied_at) in the same transaction that applies them; a reopened database
@@ -32,8 +37,8 @@ UPLOADED = 1
 QUEUED = 2
 """``uploaded``: the row is in an upload batch in the uplink's outbox."""
 
-# Column order of the table, and of the tuples the writer inserts.
-COLUMNS: tuple[str, ...] = (
+# The columns migration 0001 created, in table order: every decision log has them.
+BASE_COLUMNS: tuple[str, ...] = (
     "id",
     "capture_time",
     "decision_time",
@@ -54,6 +59,12 @@ COLUMNS: tuple[str, ...] = (
     "thumbnail",
     "uploaded",
 )
+STATION_COLUMNS: tuple[str, ...] = ("station", "part_id", "deadline_missed")
+"""Added by migration 0004 (after ``uploaded`` in the table)."""
+STATION_MIGRATION = "0004_add_station_fields"
+
+# Column order of the table, and of the tuples the writer inserts.
+COLUMNS: tuple[str, ...] = BASE_COLUMNS + STATION_COLUMNS
 _TYPES: dict[str, type] = {
     "capture_time": float,
     "decision_time": float,
@@ -67,15 +78,19 @@ _MARKS = ", ".join("?" for _ in COLUMNS)
 INSERT_SQL = f"INSERT INTO {TABLE} ({_NAMES}) VALUES ({_MARKS})"  # noqa: S608 - fixed names
 
 _ISO = "strftime('%Y-%m-%dT%H:%M:%fZ', {col}, 'unixepoch')"
-_VIEW_SQL = (
-    "SELECT id, "  # noqa: S608 - fixed names
-    + _ISO.format(col="decision_time")
-    + " AS decision_time_utc, "
-    + _ISO.format(col="capture_time")
-    + " AS capture_time_utc, "
-    + ", ".join(c for c in COLUMNS if c != "id")
-    + f" FROM {TABLE}"
-)
+
+
+def _view_sql(columns: tuple[str, ...]) -> str:
+    """The readable view over ``columns``: ISO-8601 UTC times beside the unix ones."""
+    return (
+        "SELECT id, "  # noqa: S608 - fixed names
+        + _ISO.format(col="decision_time")
+        + " AS decision_time_utc, "
+        + _ISO.format(col="capture_time")
+        + " AS capture_time_utc, "
+        + ", ".join(c for c in columns if c != "id")
+        + f" FROM {TABLE}"
+    )
 
 
 class _Migrations(Migrations):
@@ -88,10 +103,10 @@ MIGRATIONS = _Migrations("decisionlog")
 @MIGRATIONS(name="0001_create_decisions")
 def _create_decisions(db: Database) -> None:
     table = db.table(TABLE)
-    table.create(
-        {c: _TYPES.get(c, str) for c in COLUMNS},
+    table.create(  # 0001's columns only: later ones are added by their migrations
+        {c: _TYPES.get(c, str) for c in BASE_COLUMNS},
         pk="id",
-        not_null=[c for c in COLUMNS if c not in _NULLABLE],
+        not_null=[c for c in BASE_COLUMNS if c not in _NULLABLE],
         defaults={"uploaded": 0},
     )
     table.create_index(["decision_time"], index_name="idx_decisions_time")
@@ -99,7 +114,7 @@ def _create_decisions(db: Database) -> None:
     table.create_index(["outcome", "decision_time"], index_name="idx_decisions_outcome_time")
     table.create_index(["model_version"], index_name="idx_decisions_model_version")
     table.create_index(["uploaded", "decision_time"], index_name="idx_decisions_uploaded_time")
-    db.create_view(VIEW, _VIEW_SQL)
+    db.create_view(VIEW, _view_sql(BASE_COLUMNS))
 
 
 SHADOW_TABLE = "shadow_results"
@@ -187,6 +202,24 @@ def _create_drift_hours(db: Database) -> None:
         defaults={"uploaded": 0},
     )
     table.create_index(["uploaded", "hour"], index_name="idx_drift_uploaded_hour")
+
+
+@MIGRATIONS(name=STATION_MIGRATION)
+def _add_station_fields(db: Database) -> None:
+    """The station columns, with defaults that every existing row takes (kept in place:
+    ``ALTER TABLE ... ADD COLUMN`` rewrites no row), the part id index, and the readable
+    view made again with them."""
+    for ddl in (
+        "station TEXT NOT NULL DEFAULT ''",
+        "part_id TEXT NOT NULL DEFAULT ''",
+        "deadline_missed INTEGER NOT NULL DEFAULT 0",
+    ):
+        db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {ddl}")
+    db.table(TABLE).create_index(
+        ["part_id", "decision_time"], index_name="idx_decisions_part_id_time"
+    )
+    db.execute(f"DROP VIEW IF EXISTS {VIEW}")
+    db.create_view(VIEW, _view_sql(COLUMNS))
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:

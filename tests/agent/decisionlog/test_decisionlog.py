@@ -22,7 +22,9 @@ from agent.decisionlog import (
     get,
     new_id,
     query,
+    schema,
 )
+from agent.decisionlog.connection import connect_writer
 from agent.decisionlog.thumbnails import encode_jpeg
 from agent.errors import DecisionLogError
 from tests.agent.decisionlog.decisionlog_driver import make_record
@@ -93,6 +95,101 @@ def test_a_record_round_trips_with_every_field(dlog: DecisionLog) -> None:
     assert row["e2e_ms"] == 17.25
     assert row["thumbnail"] is None
     assert row["uploaded"] == 0
+    assert (row["station"], row["part_id"], row["deadline_missed"]) == ("", "", False)
+
+
+def test_a_station_decision_round_trips_with_its_station_fields(dlog: DecisionLog) -> None:
+    t = 1_795_000_000.5
+    late = dlog.append(
+        make_record(1, t, station="st-2.a", part_id="P-0042 Ä/7", deadline_missed=True)
+    )
+    on_time = dlog.append(make_record(2, t + 1, station="st-2.a", part_id="P-0043"))
+    assert dlog.flush()
+    row = get(dlog.path, late)
+    assert row is not None
+    assert (row["station"], row["part_id"], row["deadline_missed"]) == (
+        "st-2.a",
+        "P-0042 Ä/7",
+        True,
+    )
+    other = get(dlog.path, on_time)
+    assert other is not None
+    assert (other["station"], other["part_id"], other["deadline_missed"]) == (
+        "st-2.a",
+        "P-0043",
+        False,
+    )
+    conn = sqlite3.connect(dlog.path)
+    stored = conn.execute(
+        "SELECT deadline_missed, typeof(deadline_missed) FROM decisions WHERE id = ?", (late,)
+    ).fetchone()
+    plan = " ".join(
+        str(r[-1])
+        for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM decisions WHERE part_id = ? ORDER BY decision_time",
+            ("P-0042 Ä/7",),
+        )
+    )
+    conn.close()
+    assert stored == (1, "integer")
+    assert "idx_decisions_part_id_time" in plan
+
+
+def test_a_log_from_before_the_station_columns_is_migrated_in_place(state_dir: Path) -> None:
+    """A log an older agent wrote (migrations 0001-0003, rows in every upload state) opens
+    as a decision log, not a foreign database: its rows stay, read as free-running
+    decisions, and new decisions carry their station fields."""
+    state_dir.mkdir(parents=True)
+    db_path = state_dir / "decisions.db"
+    conn = connect_writer(db_path)
+    db = sqlite_utils.Database(conn)
+    schema.MIGRATIONS.apply(db, stop_before=schema.STATION_MIGRATION)
+    old_columns = [str(r[1]) for r in conn.execute("PRAGMA table_info(decisions)")]
+    assert old_columns == list(schema.BASE_COLUMNS)
+    t = 1_795_000_000.0
+    old_ids = [new_id(t + i) for i in range(3)]
+    insert = (
+        f"INSERT INTO decisions ({', '.join(schema.BASE_COLUMNS)}) "  # noqa: S608
+        f"VALUES ({', '.join('?' for _ in schema.BASE_COLUMNS)})"
+    )
+    with conn:
+        for i, decision_id in enumerate(old_ids):
+            conn.execute(
+                insert,
+                (decision_id, t + i - 0.01, t + i, "dev-7", "cam-0", "line-1", "defects",
+                 "1.0.0", "sha256:ab", "onnxruntime", "cfg", f"in-{i}", '{"score":0.5}',
+                 "pass", "{}", '{"infer":2.0}', 10.0, None, i),
+            )  # fmt: skip
+    conn.close()
+
+    alarms: list[tuple[str, str]] = []
+    log = DecisionLog(
+        state_dir, DecisionLogConfig(), device_id="dev-7", on_alarm=lambda *a: alarms.append(a)
+    )
+    log.open()
+    try:
+        new = log.append(make_record(9, t + 10, station="st-1", part_id="P-9"))
+        assert log.flush()
+    finally:
+        log.close()
+    assert alarms == []
+    assert not list(state_dir.glob("decisions.db.*-*"))  # nothing moved aside
+    rows = {r["id"]: r for r in query(db_path)}
+    assert set(rows) == {*old_ids, new}
+    for i, decision_id in enumerate(old_ids):
+        row = rows[decision_id]
+        assert (row["station"], row["part_id"], row["deadline_missed"]) == ("", "", False)
+        assert (row["uploaded"], row["outputs"]) == (i, {"score": 0.5})
+    assert (rows[new]["station"], rows[new]["part_id"]) == ("st-1", "P-9")
+    assert [r["id"] for r in query(db_path, part_id="P-9")] == [new]
+    conn = sqlite3.connect(db_path)
+    names = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
+    notnull = {str(r[1]): (r[3], r[4]) for r in conn.execute("PRAGMA table_info(decisions)")}
+    conn.close()
+    assert names[-1] == schema.STATION_MIGRATION
+    assert notnull["station"] == (1, "''")
+    assert notnull["part_id"] == (1, "''")
+    assert notnull["deadline_missed"] == (1, "0")
 
 
 def test_plain_sqlite_utils_reads_the_table_with_json_as_text(dlog: DecisionLog) -> None:
@@ -104,9 +201,11 @@ def test_plain_sqlite_utils_reads_the_table_with_json_as_text(dlog: DecisionLog)
     assert rows[0]["latencies_ms"] == '{"infer":3.0}'
     assert rows[0]["e2e_ms"] == 15.0  # no "e2e" stage: decision - capture time
     assert db["decisions"].pks == ["id"]
-    assert {"idx_decisions_time", "idx_decisions_source_time"} <= {
-        i.name for i in db["decisions"].indexes
-    }
+    assert {
+        "idx_decisions_time",
+        "idx_decisions_source_time",
+        "idx_decisions_part_id_time",
+    } <= {i.name for i in db["decisions"].indexes}
     assert "decisions_readable" in db.view_names()
     db.close()
 
@@ -264,6 +363,7 @@ def test_migrations_are_recorded_once_and_not_reapplied(state_dir: Path) -> None
         "0001_create_decisions",
         "0002_create_shadow_results",
         "0003_create_drift_hours",
+        "0004_add_station_fields",
     ]
     assert count_rows(state_dir / "decisions.db") == 3
 

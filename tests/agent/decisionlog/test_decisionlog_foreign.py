@@ -107,19 +107,28 @@ def test_another_applications_database_is_moved_aside_untouched(tmp_path: Path) 
     _fresh_log_holds(db, decision_id)
 
 
-def test_a_log_with_a_dropped_column_is_moved_aside_with_its_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("column", "index"),
+    [
+        ("model_version", "idx_decisions_model_version"),
+        ("part_id", "idx_decisions_part_id_time"),  # 0004 recorded, its column gone
+    ],
+)
+def test_a_log_with_a_dropped_column_is_moved_aside_with_its_rows(
+    tmp_path: Path, column: str, index: str
+) -> None:
     old = open_and_log_one(tmp_path, [])
     db = tmp_path / "decisions.db"
     conn = sqlite3.connect(db)
     conn.execute("DROP VIEW decisions_readable")
-    conn.execute("DROP INDEX idx_decisions_model_version")
-    conn.execute("ALTER TABLE decisions DROP COLUMN model_version")
+    conn.execute(f"DROP INDEX {index}")
+    conn.execute(f"ALTER TABLE decisions DROP COLUMN {column}")
     conn.commit()
     conn.close()
     alarms: list[tuple[str, str]] = []
     decision_id = open_and_log_one(tmp_path, alarms)
     assert [kind for kind, _ in alarms] == [ALARM_FOREIGN]
-    assert "lacks column(s) model_version" in alarms[0][1]
+    assert f"lacks column(s) {column}" in alarms[0][1]
     moved = _one_moved(tmp_path, "foreign")
     conn = sqlite3.connect(moved)
     assert conn.execute("SELECT id FROM decisions").fetchall() == [(old,)]

@@ -59,6 +59,7 @@ def test_a_truncated_database_is_moved_aside_and_a_new_one_works(tmp_path: Path)
         "0001_create_decisions",
         "0002_create_shadow_results",
         "0003_create_drift_hours",
+        "0004_add_station_fields",
     ]
     conn.close()
 

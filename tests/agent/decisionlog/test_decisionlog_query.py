@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import cli
 from agent.decisionlog import (
     DecisionLog,
     DecisionLogConfig,
@@ -32,7 +33,9 @@ T0 = 1_795_000_000.0
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """A log of 30 decisions, one a minute from T0: sources cam-0..2, every third a
-    reject, versions 1.0 (first 15) and 2.0. Returns the db path and ids, oldest first."""
+    reject, versions 1.0 (first 15) and 2.0; the even ones answer station st-1's
+    triggers, on parts P-0000, P-0001, ... (two decisions a part: i // 4, every fourth
+    late), the odd ones are free-running. Returns the db path and ids, oldest first."""
     state_dir = tmp_path_factory.mktemp("qstate")
     with DecisionLog(state_dir, DecisionLogConfig(), device_id="d") as log:
         ids = [
@@ -43,6 +46,12 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
                     outcome="reject" if i % 3 == 0 else "pass",
                     model_version="1.0" if i < 15 else "2.0",
                     outputs={"label": "scratch", "score": i / 100, "n": i},
+                    **(
+                        {"station": "st-1", "part_id": f"P-{i // 4:04d}"}
+                        | {"deadline_missed": i % 4 == 2}
+                        if i % 2 == 0
+                        else {}
+                    ),
                 )
             )
             for i in range(30)
@@ -67,6 +76,43 @@ def test_query_filters_by_time_source_outcome_and_version(
     rejects = query(db, outcome="reject", model_version="2.0")
     assert [r["id"] for r in rejects] == [ids[i] for i in (27, 24, 21, 18, 15)]
     assert query(db, source="nobody") == []
+
+
+def test_query_filters_by_part_id_and_station(logged: tuple[Path, list[str]]) -> None:
+    db, ids = logged
+    part = query(db, part_id="P-0003")
+    assert [r["id"] for r in part] == [ids[14], ids[12]]
+    assert [(r["station"], r["deadline_missed"]) for r in part] == [("st-1", True), ("st-1", False)]
+    assert len(query(db, station="st-1")) == 15
+    assert [r["id"] for r in query(db, station="st-1", part_id="P-0000", outcome="reject")] == [
+        ids[0]
+    ]
+    assert query(db, part_id="P-9999") == []
+    assert query(db, station="st-2") == []
+    free = [r for r in query(db) if r["station"] == ""]
+    assert len(free) == 15
+    assert {(r["part_id"], r["deadline_missed"]) for r in free} == {("", False)}
+
+
+def test_edge_agent_decisions_lists_the_decisions_on_one_part(
+    logged: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, ids = logged
+    assert cli.main(["decisions", "--db", str(db), "--part-id", "P-0001", "--format", "jsonl"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == [ids[6], ids[4]]
+    assert {r["part_id"] for r in rows} == {"P-0001"}
+    assert cli.main(["decisions", "--db", str(db), "--station", "st-1", "--limit", "2"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:6] == [
+        "id",
+        "decision_time_utc",
+        "source",
+        "line",
+        "station",
+        "part_id",
+    ]
+    assert "P-0007" in table[2]  # the newest station decision, i = 28
 
 
 def test_get_returns_one_decision_or_none(logged: tuple[Path, list[str]]) -> None:
@@ -168,6 +214,9 @@ def test_the_documented_queries_run_in_the_sqlite3_shell(tmp_path: Path) -> None
                     outcome="reject" if i % 2 else "pass",
                     thumbnail=None,
                     outputs={"score": 0.5 + i / 100},
+                    station="st-1",
+                    part_id=f"P-{i:04d}",
+                    deadline_missed=i == 3,
                 )
             )
             for i in range(6)
@@ -190,6 +239,9 @@ def test_the_documented_queries_run_in_the_sqlite3_shell(tmp_path: Path) -> None
     assert "cam-1|" in outputs[1] or "cam-0|" in outputs[1]  # rejects per camera
     assert f"{ids[5]}|reject|0.55|4.5" in outputs[2]
     assert outputs[3].startswith("1.2.0|6|15.0|15.0|6")
+    assert outputs[4].startswith(f"{ids[3]}|")
+    assert outputs[4].rstrip().endswith("|st-1|reject|1")
+    assert len(outputs[4].splitlines()) == 1
 
 
 def test_bench_writer_reports_both_rates(tmp_path: Path) -> None:
