@@ -1,6 +1,12 @@
 """Decisions uploaded to the fleet: batches of decision-log rows and the JPEG thumbnail
 of a decision. A decision row is identified by (device_id, id) with the decision log's
 UUIDv7, and so is its thumbnail; either may arrive first and is stored once.
+
+A decision that answers a station's PLC trigger names the station, the part id the PLC
+passed and whether the station's deadline passed first; rows of older agents and of
+free-running pipelines carry none of these (``""``, ``""``, ``false``). A part id comes
+from a PLC: :func:`part_id_problem` and :func:`station_problem` say what the fleet
+refuses, so the agent can check a value before it logs it.
 """
 
 from __future__ import annotations
@@ -8,10 +14,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from agent.wire.base import WireModel
 from agent.wire.envelope import (
@@ -30,7 +37,55 @@ MAX_DECISION_ROWS = 1000
 MAX_THUMBNAIL_BYTES = 256 * 1024
 """The largest JPEG a thumbnail message carries (its base64 text is a third more)."""
 
+MAX_PART_ID_CHARS = 128
+"""The longest part id a decision row carries."""
+STATION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A station name (matched whole): a letter or digit, then up to 63 of those and ``_.-``."""
+
 _JSON_COLUMNS = ("outputs", "thresholds", "latencies_ms")
+
+
+def part_id_problem(value: str) -> str:
+    """Why ``value`` can't be a decision's part id ("" when it can): more than
+    :data:`MAX_PART_ID_CHARS` characters, or a character that is not printable (a
+    control character, a line break or tab, a bidi or other format control, a lone
+    surrogate). ``""`` (no part id) is fine."""
+    if len(value) > MAX_PART_ID_CHARS:
+        return f"a part id of {len(value)} characters (at most {MAX_PART_ID_CHARS})"
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        return f"a part id holding the unprintable character U+{ord(bad):04X}"
+    return ""
+
+
+def station_problem(value: str) -> str:
+    """Why ``value`` can't be a decision's station ("" when it can): not empty and not
+    a name of :data:`STATION_PATTERN`."""
+    if value and STATION_PATTERN.fullmatch(value) is None:
+        shown = value if len(value) <= 80 else value[:80] + "..."
+        return (
+            f"{shown!r} is not a station name (a letter or digit, then letters, digits, "
+            "'_', '.', '-'; 1-64 characters)"
+        )
+    return ""
+
+
+def _part_id(value: str) -> str:
+    why = part_id_problem(value)
+    if why:
+        raise ValueError(why)
+    return value
+
+
+def _station(value: str) -> str:
+    why = station_problem(value)
+    if why:
+        raise ValueError(why)
+    return value
+
+
+PartId = Annotated[str, AfterValidator(_part_id)]
+StationName = Annotated[str, AfterValidator(_station)]
 
 
 class DecisionRow(WireModel):
@@ -54,6 +109,15 @@ class DecisionRow(WireModel):
     latencies_ms: dict[str, Finite | None] = Field(description="Per stage, ms.")
     e2e_ms: Finite | None = Field(None, description="Capture to decision, ms.")
     thumbnail: str | None = Field(None, description="Thumbnail path on the device, if kept.")
+    station: StationName = Field(
+        "", description="The station whose PLC trigger this answers ('' free-running)."
+    )
+    part_id: PartId = Field("", description="The part id the PLC passed ('' when none).")
+    deadline_missed: bool = Field(
+        False,
+        strict=True,
+        description="The station's deadline passed first: the PLC got the fail-safe result.",
+    )
 
     def key(self) -> tuple[str, str]:
         """The record's identity: (device_id, id)."""
@@ -61,7 +125,8 @@ class DecisionRow(WireModel):
 
     @classmethod
     def from_log_row(cls, row: Mapping[str, Any]) -> DecisionRow:
-        """A row read from the decision log (JSON columns as text, ``uploaded`` dropped).
+        """A row read from the decision log (JSON columns as text, ``deadline_missed``
+        as 0/1, ``uploaded`` dropped).
 
         Raises:
             MessageError: a JSON column is not JSON, or a field is missing or invalid.
@@ -75,6 +140,9 @@ class DecisionRow(WireModel):
                     raise MessageError(
                         "decisions", f"row {row.get('id')!r}: {name}: {exc}"
                     ) from exc
+        missed = data.get("deadline_missed")
+        if type(missed) is int and missed in (0, 1):  # SQLite's boolean
+            data["deadline_missed"] = bool(missed)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

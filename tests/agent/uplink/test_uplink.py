@@ -4,6 +4,7 @@ the subscriber, a real decision log, the agent as a subprocess for the last will
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -407,6 +408,33 @@ def test_an_upload_over_the_size_cap_is_cut_to_the_rows_that_fit(tmp_path: Path)
     foreign, why = to_wire(pending_rows(dlog.path, 1), "dev-c")
     assert foreign == []
     assert "dev-b" in next(iter(why.values()))
+
+
+def test_a_station_decisions_fields_go_in_its_upload_and_a_bad_part_id_is_set_aside(
+    tmp_path: Path,
+) -> None:
+    dlog, _ = open_log(tmp_path, "dev-s", 0)
+    t = time.time()
+    late = dlog.append(make_record(0, t, station="st-1", part_id="P-0042", deadline_missed=True))
+    free = dlog.append(make_record(1, t + 0.01))
+    bad = dlog.append(make_record(2, t + 0.02, station="st-1", part_id="P-\x1b[2J"))
+    assert dlog.flush()
+    rows, unsendable = to_wire(pending_rows(dlog.path, 100), "dev-s")
+    dlog.close()
+    assert list(unsendable) == [bad]
+    assert "part_id" in unsendable[bad]
+    assert "U+001B" in unsendable[bad]
+    batch, too_big = make_batch("dev-s", rows)
+    assert batch is not None
+    assert too_big == {}
+    upload = parse(DecisionUpload, batch.payload)
+    got = {r.id: (r.station, r.part_id, r.deadline_missed) for r in upload.rows}
+    assert got == {late: ("st-1", "P-0042", True), free: ("", "", False)}
+    sent = json.loads(batch.payload)["rows"]
+    assert [(r["station"], r["part_id"], r["deadline_missed"]) for r in sent] == [
+        ("st-1", "P-0042", True),
+        ("", "", False),
+    ]
 
 
 def test_sysinfo_reads_temperatures_memory_cpu_and_disk(tmp_path: Path) -> None:

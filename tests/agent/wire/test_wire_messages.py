@@ -180,6 +180,70 @@ def test_decision_rows_carry_the_decision_log_columns_but_the_local_upload_flag(
     assert set(DecisionRow.model_fields) == set(schema.COLUMNS) - {"uploaded"}
 
 
+def _upload_of(**row: object) -> bytes:
+    """An upload of one row as a device would send it: ``row`` replaces or adds fields,
+    a ``None`` value leaves the field out."""
+    data = _row().model_dump(mode="json")
+    for name, value in row.items():
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = value
+    return json.dumps({"device_id": "dev-1", "rows": [data]}, ensure_ascii=False).encode()
+
+
+def test_an_older_agents_row_without_the_station_fields_is_accepted_as_free_running() -> None:
+    payload = _upload_of(station=None, part_id=None, deadline_missed=None, future_field=[1])
+    assert b'"station"' not in payload
+    row = parse(DecisionUpload, payload).rows[0]
+    assert (row.station, row.part_id, row.deadline_missed) == ("", "", False)
+    assert row.model_extra == {"future_field": [1]}  # unknown fields kept, as ever
+
+
+def test_a_station_rows_fields_round_trip() -> None:
+    sent = _upload_of(station="st-2.a_B", part_id="P-0042 Ä/7 #" + "x" * 115, deadline_missed=True)
+    row = parse(DecisionUpload, sent).rows[0]
+    assert row.station == "st-2.a_B"
+    assert row.part_id == "P-0042 Ä/7 #" + "x" * 115  # 128 characters: the limit
+    assert row.deadline_missed is True
+    assert parse(DecisionUpload, encode(DecisionUpload(device_id="dev-1", rows=[row]))) == (
+        parse(DecisionUpload, sent)
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"part_id": "P" * 129}, r"rows\.0\.part_id: .*129 characters \(at most 128\)"),
+        ({"part_id": "P-1\n"}, r"rows\.0\.part_id: .*unprintable character U\+000A"),
+        ({"part_id": "P-\x1b[31m"}, r"rows\.0\.part_id: .*U\+001B"),
+        ({"part_id": "P-\u202e1"}, r"rows\.0\.part_id: .*U\+202E"),  # bidi override
+        ({"part_id": "P-\x85"}, r"rows\.0\.part_id: .*U\+0085"),  # C1
+        ({"part_id": 42}, r"rows\.0\.part_id: Input should be a valid string"),
+        ({"station": "st 1"}, r"rows\.0\.station: .*not a station name"),
+        ({"station": "st-1\n"}, r"rows\.0\.station: .*not a station name"),
+        ({"station": "-st"}, r"rows\.0\.station: .*not a station name"),
+        ({"station": "s" * 65}, r"rows\.0\.station: .*not a station name"),
+        ({"deadline_missed": "yes"}, r"rows\.0\.deadline_missed: Input should be a valid boolean"),
+        ({"deadline_missed": 1}, r"rows\.0\.deadline_missed: Input should be a valid boolean"),
+    ],
+)
+def test_bad_station_fields_are_refused_naming_the_field(
+    fields: dict[str, object], expected: str
+) -> None:
+    with pytest.raises(MessageError, match=expected):
+        parse(DecisionUpload, _upload_of(**fields))
+
+
+def test_a_part_id_with_nul_or_a_lone_surrogate_is_refused_before_the_model() -> None:
+    """The untrusted-input entry point's rules come first: NUL and lone surrogates never
+    reach the row's validator."""
+    for raw, why in ((b"P\\u0000", "NUL"), (b"P\\ud800", "lone surrogate")):
+        payload = _upload_of(part_id="MARK").replace(b"MARK", raw)
+        with pytest.raises(MessageError, match=rf"\$\.rows\[0\]\.part_id: .*{why}"):
+            parse(DecisionUpload, payload)
+
+
 def test_a_row_read_from_a_real_decision_log_becomes_an_upload(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "decisions.db")
     conn.row_factory = sqlite3.Row
@@ -200,15 +264,20 @@ def test_a_row_read_from_a_real_decision_log_becomes_an_upload(tmp_path: Path) -
         thresholds={"reject": 0.5},
         latencies_ms={"infer": 2.5},
         id=new_id(TS),
+        station="st-1",
+        part_id="P-0042",
+        deadline_missed=True,
     )
     with conn:
         conn.execute(schema.INSERT_SQL, row_of(record, "dev-1", None))
     row = conn.execute(f"SELECT * FROM {schema.TABLE}").fetchone()  # noqa: S608
     conn.close()
 
+    assert row["deadline_missed"] == 1  # SQLite's boolean
     upload = DecisionUpload(device_id="dev-1", rows=[DecisionRow.from_log_row(dict(row))])
     back = parse(DecisionUpload, encode(upload)).rows[0]
     assert back.id == record.id
+    assert (back.station, back.part_id, back.deadline_missed) == ("st-1", "P-0042", True)
     assert back.outputs == {"score": 0.93}
     assert back.e2e_ms == pytest.approx(10.0)
     assert back.key() == ("dev-1", record.id)
