@@ -19,7 +19,6 @@ acts and never delays the live path.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import xxhash
 
 from agent.decisionlog import DecisionRecord
 from agent.kernel.bundle import Bundle
@@ -131,6 +131,18 @@ class _Pending:
     digest: str
     t_take_ns: int
     t_submitted_ns: int
+
+
+DIGEST_PREFIX = "xxh3:"
+"""The input digest's algorithm, named in the value (ADR 0024); a digest without a prefix
+is an older agent's: the first 32 hex digits of the input's sha256."""
+
+
+def input_digest(data: np.ndarray) -> str:
+    """The input's identity in the decision log: ``xxh3:`` and XXH3's 128-bit hash in hex
+    (20 µs for a 640x480 frame where sha256 took 500 µs; it names an input, it does not
+    sign one, ADR 0024)."""
+    return DIGEST_PREFIX + xxhash.xxh3_128_hexdigest(np.ascontiguousarray(data).data)
 
 
 def result_items(result: Result) -> list[Item]:
@@ -372,7 +384,7 @@ class PipelineRunner:
         )
         t_submitted = time.perf_counter_ns()
         try:  # the worker infers meanwhile
-            digest = hashlib.sha256(np.ascontiguousarray(data).data).hexdigest()[:32]
+            digest = input_digest(data)
         except BaseException:
             req.release()
             raise
