@@ -3,15 +3,118 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Literal
 
-from agent.kernel.configbase import Section
+from pydantic import Field, model_validator
+
+from agent.kernel.configbase import MAX_QUEUE, MAX_TIMEOUT_S, Section
 
 
 class OpcUaServerConfig(Section):
-    """The agent as an OPC UA server: one OPC 40100 VisionSystem per station."""
+    """The agent as an OPC UA server: one OPC 40100 VisionSystem per station.
+
+    Who may do what: users (``users_env``) may read, browse, subscribe and call the
+    VisionSystems' methods (start a single job, select a recipe, halt, reset); nobody
+    writes a value. Anonymous clients may read and browse only, and only with
+    ``allow_anonymous_read``. Users need a secure channel (``sign`` or
+    ``sign_and_encrypt``); ``security = "none"`` serves anonymous readers alone.
+    """
 
     enabled: bool = Field(False, description="Serve OPC UA (off by default).")
+    host: str = Field(
+        "127.0.0.1",
+        pattern=r"^[A-Za-z0-9_.:\[\]-]{1,253}$",
+        description="The address to listen on. Loopback by default: give the line "
+        "network's interface address explicitly (e.g. `192.168.10.5`) for PLCs and SCADA "
+        "to reach it; `0.0.0.0` listens on every interface.",
+    )
+    port: int = Field(4840, ge=1, le=65535, description="TCP port (4840: OPC UA's own).")
+    security: Literal["none", "sign", "sign_and_encrypt"] = Field(
+        "sign_and_encrypt",
+        description="The least message security an endpoint offers, with policy "
+        "Basic256Sha256: `sign_and_encrypt` (only that endpoint), `sign` (Sign and "
+        "SignAndEncrypt endpoints), or `none` (no security: anonymous read-only clients).",
+    )
+    certificate: Path | None = Field(
+        None,
+        description="The server's application certificate (DER or PEM), its URI "
+        '`application_uri`; needed unless `security = "none"`.',
+    )
+    private_key: Path | None = Field(
+        None,
+        description="The application certificate's private key (PEM), readable by the agent only.",
+    )
+    application_uri: str = Field(
+        "urn:edgefleet:agent",
+        min_length=1,
+        max_length=512,
+        description="The server's ApplicationUri (the certificate's subjectAltName URI).",
+    )
+    users_env: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="Name of the secret (a file in $CREDENTIALS_DIRECTORY, or the "
+        "environment) holding the users: one `name:argon2-hash` (preferred) or "
+        "`name:password` per line; never the users themselves.",
+    )
+    allow_anonymous_read: bool = Field(
+        False,
+        description="Let clients without a user read, browse and subscribe (never write "
+        "or call a method).",
+    )
+    namespace_uri: str = Field(
+        "urn:edgefleet:line",
+        min_length=1,
+        max_length=512,
+        description="The namespace of the agent's own nodes (each station's "
+        "VisionSystem and what it holds beyond OPC 40100).",
+    )
+    queue_bound: int = Field(
+        1024,
+        ge=1,
+        le=MAX_QUEUE,
+        description="Results and state changes queued for the server at most; more are "
+        "dropped and counted (stations never wait on the server).",
+    )
+    results_kept: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description="Results per station kept for GetResultById and GetResultListFiltered.",
+    )
+    callback_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="The longest a method call waits on the agent (a trigger accepted, a "
+        "recipe selected) before it answers BadTimeout.",
+    )
+    recipe_refresh_s: float = Field(
+        10.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Read the installed bundles (the recipes) again this often.",
+    )
+
+    @model_validator(mode="after")
+    def _someone_can_connect(self) -> OpcUaServerConfig:
+        if not self.enabled:
+            return self
+        if self.security != "none" and (self.certificate is None or self.private_key is None):
+            raise ValueError(
+                f"security {self.security!r} needs `certificate` and `private_key` "
+                '(or security = "none" for anonymous readers only)'
+            )
+        if self.security == "none" and self.users_env:
+            raise ValueError(
+                'users need a secure channel: security "sign" or "sign_and_encrypt" '
+                '(with security = "none" their passwords would cross the line in clear)'
+            )
+        if not self.users_env and not self.allow_anonymous_read:
+            raise ValueError("nobody could connect: set `users_env` or `allow_anonymous_read`")
+        return self
 
 
 class ModbusServerConfig(Section):
