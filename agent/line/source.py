@@ -5,8 +5,10 @@ pipeline's feeder, which calls :meth:`latest`, gets nothing until then. Armed, t
 fires the camera's software trigger (a station with ``capture = "software_trigger"``) or
 waits for the free-running camera's next frame, passes over frames captured before the
 trigger, and hands the first one at or after it to the pipeline with the trigger attached
-(:class:`TriggeredFrame`). A trigger whose frame does not come before its deadline is left
-to the station, which writes the fail-safe result (``no_frame`` is counted here).
+(:class:`TriggeredFrame`). A frame that comes after the deadline is still decided and
+logged (marked ``deadline_missed``; the station wrote the fail-safe result): nothing is
+lost. A trigger whose frame does not come within :data:`FRAME_WAIT_S` (or its deadline,
+when longer) gets none (``no_frame``, counted here).
 
 While no trigger is armed, a free-running camera's frames are replaced in its latest-only
 slot and counted as dropped by the camera: only triggered frames are decided.
@@ -24,6 +26,11 @@ import numpy.typing as npt
 
 from agent.capture import Camera
 from agent.line.handshake import Trigger
+
+
+FRAME_WAIT_S = 2.0
+"""How long past the trigger a frame is waited for at least (a late decision is still
+logged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +76,7 @@ class TriggeredSource:
 
     def latest(self, timeout_s: float) -> Any:
         """The frame for the armed trigger, waiting up to ``timeout_s`` for a trigger (and
-        then up to its deadline for its frame); None when none came."""
+        then for its frame, see :data:`FRAME_WAIT_S`); None when none came."""
         with self._cond:
             if self._armed is None:
                 self._cond.wait(timeout_s)
@@ -77,8 +84,9 @@ class TriggeredSource:
         camera = self.camera
         if trigger is None or camera is None:
             return None
+        give_up_ns = max(trigger.deadline_ns, trigger.t_ns + int(FRAME_WAIT_S * 1e9))
         while True:
-            left_s = (trigger.deadline_ns - time.perf_counter_ns()) / 1e9
+            left_s = (give_up_ns - time.perf_counter_ns()) / 1e9
             if left_s <= 0:
                 self.no_frame += 1
                 return None
