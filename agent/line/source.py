@@ -27,7 +27,6 @@ import numpy.typing as npt
 from agent.capture import Camera
 from agent.line.handshake import Trigger
 
-
 FRAME_WAIT_S = 2.0
 """How long past the trigger a frame is waited for at least (a late decision is still
 logged)."""

@@ -23,18 +23,24 @@ def test_a_decision_within_the_deadline_is_written_with_result_valid_last() -> N
     hs = _hs()
     fx = hs.trigger("P-1", 0, 1000.0)
     assert fx.writes == [{"busy": True, "result_valid": False}]
-    assert fx.start is not None and fx.start.part_id == "P-1"
+    assert fx.start is not None
+    assert fx.start.part_id == "P-1"
     done = hs.decided(fx.start, Answer("pass", 0.9, "ok", "d-1", "m", "1.0"), 5 * MS)
     assert not done.deadline_missed
     (result,) = done.results
     assert (result.status, result.outcome, result.outcome_code, result.part_id) == (
         "ok", "pass", 1, "P-1")  # fmt: skip
-    assert result.decision_id == "d-1" and result.seq == 1 and result.trigger_to_result_ms == 5.0
+    assert result.decision_id == "d-1"
+    assert result.seq == 1
+    assert result.trigger_to_result_ms == 5.0
     (values,) = done.writes
-    assert list(values)[-1] == "result_valid" and values["result_valid"] is True
-    assert values["busy"] is False and values["status"] == 1
+    assert list(values)[-1] == "result_valid"
+    assert values["result_valid"] is True
+    assert values["busy"] is False
+    assert values["status"] == 1
     assert hs.state == "valid"
-    assert hs.release().writes == [{"result_valid": False}] and hs.state == "idle"
+    assert hs.release().writes == [{"result_valid": False}]
+    assert hs.state == "idle"
 
 
 def test_no_decision_by_the_deadline_writes_the_fail_safe_and_marks_the_late_one() -> None:
@@ -46,8 +52,11 @@ def test_no_decision_by_the_deadline_writes_the_fail_safe_and_marks_the_late_one
     (result,) = fx.results
     assert (result.status, result.outcome, result.outcome_code) == ("deadline_missed", "reject", 2)
     late = hs.decided(trig, Answer("pass", 0.99), 70 * MS)
-    assert late.deadline_missed and late.writes == [] and late.results == []
-    assert hs.counts.late_decisions == 1 and hs.counts.answered == 1
+    assert late.deadline_missed
+    assert late.writes == []
+    assert late.results == []
+    assert hs.counts.late_decisions == 1
+    assert hs.counts.answered == 1
 
 
 def test_a_decision_past_the_deadline_before_the_tick_is_still_answered_fail_safe() -> None:
@@ -76,7 +85,8 @@ def test_a_counter_that_skipped_counts_the_missed_steps_as_overruns() -> None:
     hs = _hs()
     fx = hs.trigger("X", 0, 0.0, missed=2)
     assert [r.status for r in fx.results] == ["overrun", "overrun"]
-    assert fx.start is not None and hs.state == "busy"
+    assert fx.start is not None
+    assert hs.state == "busy"
 
 
 def test_a_storm_beyond_the_backlog_is_answered_at_once_and_counted() -> None:
@@ -86,7 +96,8 @@ def test_a_storm_beyond_the_backlog_is_answered_at_once_and_counted() -> None:
     for i in range(MAX_BACKLOG + 5):
         fx = hs.trigger(str(i), i, 0.0)
         folded.results += fx.results
-    assert len(folded.results) == 5 and hs.counts.overruns_folded == 5
+    assert len(folded.results) == 5
+    assert hs.counts.overruns_folded == 5
     assert first is not None
     fx = hs.decided(first, Answer("pass"), MS)
     assert len(fx.results) == 1 + MAX_BACKLOG

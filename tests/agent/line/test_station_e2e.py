@@ -56,7 +56,7 @@ def _config(tmp: Path, plc: OpcUaPlc, **station: Any) -> dict[str, Any]:
                 "width": 32,
                 "height": 24,
                 "trigger_mode": "software",
-            }  # fmt: skip
+            }
         ],
         "pipelines": [{"name": "p", "source": "cam", "bundle": str(bundle.path)}],
         "plc": [
@@ -67,7 +67,7 @@ def _config(tmp: Path, plc: OpcUaPlc, **station: Any) -> dict[str, Any]:
                 "security": "none",
                 "timeout_ms": 2000,
             }
-        ],  # fmt: skip
+        ],
         "stations": [
             {
                 "name": "gate",
@@ -127,7 +127,8 @@ def test_a_trigger_is_answered_with_the_decision_and_its_id_reaches_the_log(
             plc.set("PartId", part)
             plc.set("Trigger", True)
             assert plc.wait_for("ResultValid", True, WAIT_S), agent.hotpath.line.stats()
-            assert plc.get("Seq") == n and plc.get("Busy") is False
+            assert plc.get("Seq") == n
+            assert plc.get("Busy") is False
             decision_id = plc.get("DecisionId")
             code = plc.get("OutcomeCode")
             plc.set("Trigger", False)  # the PLC acknowledges: result_valid goes back
@@ -164,9 +165,12 @@ def test_a_deadline_the_model_cant_meet_writes_the_fail_safe_and_marks_the_decis
             if rows:
                 break
             time.sleep(0.05)
-        assert len(rows) == 1 and rows[0]["deadline_missed"] == 1 and rows[0]["station"] == "gate"
+        assert len(rows) == 1
+        assert rows[0]["deadline_missed"] == 1
+        assert rows[0]["station"] == "gate"
         stats = agent.hotpath.line.stats()["stations"]["gate"]
-        assert stats["deadline_missed"] == 1 and stats["answered"] == 1
+        assert stats["deadline_missed"] == 1
+        assert stats["answered"] == 1
     finally:
         agent.stop()
         plc.set("Trigger", False)
