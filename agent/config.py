@@ -334,6 +334,18 @@ def _check_stations(cfg: AgentConfig, path: str) -> None:
     exists; every address parses in its driver's syntax for its type; its fail-safe
     outcome is one its line defines."""
     links = {link.name: link for link in cfg.plc}
+    for i, sensor in enumerate(cfg.sensors):
+        if sensor.kind != "plc":
+            continue
+        sensor_link = links.get(sensor.plc)
+        if sensor_link is None:
+            known = ", ".join(sorted(links)) or "none configured"
+            raise ConfigError(path, f"sensors[{i}].plc", f"no [[plc]] '{sensor.plc}' ({known})")
+        for j, sensor_point in enumerate(sensor.points):
+            try:
+                parse_point(sensor_link.driver, sensor_point.point, sensor_point.type)
+            except ValueError as exc:
+                raise ConfigError(path, f"sensors[{i}].points[{j}].point", str(exc)) from None
     pipelines = {p.name: p for p in cfg.pipelines}
     cameras = {c.name for c in cfg.cameras}
     taken: dict[str, str] = {}

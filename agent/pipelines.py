@@ -395,7 +395,8 @@ class Pipelines:
         for sensor_cfg in self.config.sensors:
             if sensor_cfg.name in used and sensor_cfg.name not in self.sensors:
                 try:
-                    sensor = make_sensor(sensor_cfg, self.config.mqtt)
+                    links = {link.name: link for link in self.config.plc}
+                    sensor = make_sensor(sensor_cfg, self.config.mqtt, links)
                     sensor.start()
                 except EdgefleetError as e:
                     self.problems.append(Problem(f"sensor {sensor_cfg.name}", str(e)))
