@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agent.line.drivers.base import LinkConfig
 
@@ -57,6 +57,14 @@ class OpcUaLinkConfig(LinkConfig):
         max_length=512,
         description="Resolve `nsu=` node ids against this namespace (default: as written).",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> OpcUaLinkConfig:
+        if self.security != "none" and (self.certificate is None or self.private_key is None):
+            raise ValueError(f"security {self.security!r} needs `certificate` and `private_key`")
+        if self.password_env and not self.username:
+            raise ValueError("`password_env` needs `username` (the user the password is for)")
+        return self
 
 
 class ModbusLinkConfig(LinkConfig):
