@@ -39,6 +39,7 @@ MAX_OUTPUTS = 64
 OutputValue = Literal[
     "outcome_code",
     "outcome",
+    "outcome_is",
     "status",
     "score",
     "label",
@@ -100,6 +101,18 @@ class OutputConfig(Section):
         description="Numbers are multiplied by this before writing (e.g. 1000: a score as "
         "an integer of thousandths).",
     )
+    outcome: str | None = Field(
+        None,
+        max_length=64,
+        description="With value = `outcome_is`: the output is true when the result's outcome "
+        "is this one (a reject gate's bit: `outcome = \"reject\"`), false otherwise.",
+    )
+
+    @model_validator(mode="after")
+    def _check_outcome(self) -> OutputConfig:
+        if (self.value == "outcome_is") != (self.outcome is not None):
+            raise ValueError("`outcome` goes with value = \"outcome_is\", and only with it")
+        return self
 
 
 class StationConfig(Section):
@@ -157,6 +170,8 @@ class StationConfig(Section):
             raise ValueError("outputs need `plc`, the connection they are written to")
         seen: set[str] = set()
         for out in self.outputs:
+            if out.outcome is not None and out.outcome not in self.outcome_codes:
+                raise ValueError(f"output {out.point!r}: outcome {out.outcome!r} has no code")
             if out.point in seen:
                 raise ValueError(f"output point {out.point!r} is named twice")
             seen.add(out.point)

@@ -86,7 +86,7 @@ class Station:
         self.ignored_triggers = 0
         """Triggers from the agent's servers refused (the station is halted)."""
         self.halted = False
-        self._outputs: list[tuple[Point, str, str, float]] = []
+        self._outputs: list[tuple[Point, str, str, float, str | None]] = []
         self._inputs: list[Point] = []
         self._prev_trigger: Any = None
         self._prev_ack: Any = None
@@ -97,7 +97,13 @@ class Station:
         c = self.config
         for out in c.outputs:
             self._outputs.append(
-                (parse_point(driver, out.point, out.type), out.value, out.type, out.scale)
+                (
+                    parse_point(driver, out.point, out.type),
+                    out.value,
+                    out.type,
+                    out.scale,
+                    out.outcome,
+                )
             )
         # result_valid last: a PLC that sees it set reads a whole result
         self._outputs.sort(key=lambda o: o[1] == "result_valid")
@@ -221,10 +227,17 @@ class Station:
             return
         handshake_only = set(values) <= HANDSHAKE_VALUES
         batch: list[tuple[Point, Any]] = []
-        for point, kind, vtype, scale in self._outputs:
-            if kind not in values or (handshake_only and kind not in HANDSHAKE_VALUES):
+        for point, kind, vtype, scale, outcome in self._outputs:
+            if handshake_only and kind not in HANDSHAKE_VALUES:
                 continue
-            value = values[kind]
+            if kind == "outcome_is":
+                if "outcome" not in values:
+                    continue
+                value: Any = values["outcome"] == outcome
+            elif kind in values:
+                value = values[kind]
+            else:
+                continue
             if scale != 1.0 and isinstance(value, int | float) and not isinstance(value, bool):
                 value = value * scale
             try:

@@ -43,6 +43,7 @@ def _config(tmp: Path, plc: OpcUaPlc, **station: Any) -> dict[str, Any]:
         {"point": node("Score"), "type": "float32", "value": "score"},
         {"point": node("DecisionId"), "type": "string", "value": "decision_id"},
         {"point": node("Seq"), "type": "uint32", "value": "seq"},
+        {"point": node("Value_bool"), "type": "bool", "value": "outcome_is", "outcome": "reject"},
     ]
     return {
         "agent": {"device_id": "d", "state_dir": str(tmp / "state")},
@@ -86,7 +87,8 @@ def _config(tmp: Path, plc: OpcUaPlc, **station: Any) -> dict[str, Any]:
 
 def _reset(plc: OpcUaPlc) -> None:
     for name, value in (("Trigger", False), ("ResultValid", False), ("Seq", 0),
-                        ("DecisionId", ""), ("Busy", False), ("OutcomeCode", 0)):  # fmt: skip
+                        ("DecisionId", ""), ("Busy", False), ("OutcomeCode", 0),
+                        ("Value_bool", False)):  # fmt: skip
         plc.set(name, value)
 
 
@@ -137,6 +139,7 @@ def test_a_trigger_is_answered_with_the_decision_and_its_id_reaches_the_log(
             row = next(r for r in _rows(tmp_path / "state") if r["id"] == decision_id)
             assert (row["station"], row["part_id"], row["deadline_missed"]) == ("gate", part, 0)
             assert code == {"pass": 1, "reject": 2, "review": 3}.get(row["outcome"], 0)
+            assert plc.get("Value_bool") is (row["outcome"] == "reject")  # the reject bit
         stats = agent.hotpath.line.stats()["stations"]["gate"]
         assert (stats["triggers"], stats["answered"], stats["ok"]) == (2, 2, 2)
         assert stats["write_failures"] == {}
@@ -156,6 +159,7 @@ def test_a_deadline_the_model_cant_meet_writes_the_fail_safe_and_marks_the_decis
         plc.set("Trigger", True)
         assert plc.wait_for("ResultValid", True, WAIT_S)
         assert plc.get("OutcomeCode") == 2  # reject: the fail-safe
+        assert plc.get("Value_bool") is True  # the reject gate's bit
         assert plc.get("DecisionId") == ""  # nothing was decided in time
         deadline = time.monotonic() + WAIT_S
         rows: list[sqlite3.Row] = []
