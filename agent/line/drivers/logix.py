@@ -141,7 +141,7 @@ def parse_point(address: str, vtype: ValueType) -> Point:
     if not address.isascii() or not address.isprintable() or " " in address:
         raise ValueError(f"Logix tag name {address!r} has characters other than ASCII names")
     rest = address
-    program = _PROGRAM.match(address)
+    program = _PROGRAM.fullmatch(address)
     if program is not None:
         rest = program.group(2)
     elif ":" in address:
@@ -157,7 +157,7 @@ def parse_point(address: str, vtype: ValueType) -> Point:
                 f"Logix tag name {address!r}: a bit of an integer ({segment!r}) is not "
                 "supported; give the bit a BOOL tag"
             )
-        found = _SEGMENT.match(segment)
+        found = _SEGMENT.fullmatch(segment)
         if found is None:
             raise ValueError(
                 f"Logix tag name {address!r}: {segment!r} is not a name (a letter or _ "
