@@ -47,11 +47,12 @@ RTSP_PKG := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base \
 	gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-tools
 RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); \
 	from gi.repository import GstRtspServer' >/dev/null 2>&1
+# mbpoll (libmodbus) is the independent Modbus TCP master that tests the agent's Modbus server.
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium cc systemd-analyze gst-launch-1.0 node npm
+	chromium cc systemd-analyze gst-launch-1.0 node npm mbpoll
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
 	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
-	nodejs npm $(RTSP_PKG)
+	nodejs npm mbpoll $(RTSP_PKG)
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
