@@ -23,8 +23,32 @@ BIN = Path(sys.executable).parent
 """Where this interpreter's console scripts (``fleetctl``) are."""
 
 W, H, FPS = 640, 480, 15
-CARD_W, CARD_H, SPEED = 420, 120, 24  # a card crosses the view in ~2.9 s
+CARD_W, CARD_H, SPEED = 420, 120, 24  # a card crosses the view in ~2.9 s at 15 fps
 LABELS = ["LOT 4821 EXP 2027-03", "LOT 4822 EXP 2027-04", "BATCH 77A QC OK", "LOT 4823 EXP 2027-05"]
+
+
+PERIOD = (W + CARD_W) // SPEED
+"""Frames from one card's entry to the next's."""
+CENTRED = (W + CARD_W) // 2 // SPEED
+"""The frame of a card's crossing where it is whole and near the middle of the view."""
+
+
+def render(i: int) -> np.ndarray[Any, Any]:
+    """Frame ``i`` of the conveyor: card ``i // PERIOD`` crossing; the card with index 3
+    (mod 4) is upside down."""
+    img = np.full((H, W, 3), (90, 95, 100), np.uint8)
+    cv2.rectangle(img, (0, 150), (W, 330), (60, 62, 64), -1)  # the belt
+    n, t = divmod(i, PERIOD)
+    card: np.ndarray[Any, Any] = np.full((CARD_H, CARD_W, 3), 245, np.uint8)
+    text = LABELS[n % len(LABELS)]
+    cv2.putText(card, text, (14, 76), cv2.FONT_HERSHEY_SIMPLEX, 1.05, (20, 20, 20), 3)
+    if n % 4 == 3:
+        card = cv2.rotate(card, cv2.ROTATE_180)
+    x = W - t * SPEED
+    xa, xb = max(0, x), min(W, x + CARD_W)
+    if xb > xa:
+        img[180 : 180 + CARD_H, xa:xb] = card[:, xa - x : xb - x]
+    return img
 
 
 def make_video(path: Path) -> None:
@@ -32,24 +56,20 @@ def make_video(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.avi")
     out = cv2.VideoWriter(str(tmp), cv2.VideoWriter.fourcc(*"MJPG"), FPS, (W, H))
-    card_w, card_h, speed = CARD_W, CARD_H, SPEED
-    period = (W + card_w) // speed
-    for i in range(period * len(LABELS)):  # four cards, then the loop starts over
-        img = np.full((H, W, 3), (90, 95, 100), np.uint8)
-        cv2.rectangle(img, (0, 150), (W, 330), (60, 62, 64), -1)  # the belt
-        n, t = divmod(i, period)
-        card: np.ndarray[Any, Any] = np.full((card_h, card_w, 3), 245, np.uint8)
-        text = LABELS[n % len(LABELS)]
-        cv2.putText(card, text, (14, 76), cv2.FONT_HERSHEY_SIMPLEX, 1.05, (20, 20, 20), 3)
-        if n % 4 == 3:
-            card = cv2.rotate(card, cv2.ROTATE_180)
-        x = W - t * speed
-        xa, xb = max(0, x), min(W, x + card_w)
-        if xb > xa:
-            img[180 : 180 + card_h, xa:xb] = card[:, xa - x : xb - x]
-        out.write(img)
+    for i in range(PERIOD * len(LABELS)):  # four cards, then the loop starts over
+        out.write(render(i))
     out.release()
     tmp.replace(path)
+
+
+def make_cards(directory: Path) -> None:
+    """One still per card, whole in the view (``card-N.png``): what a triggered camera
+    takes when the photo-eye sees the card (the demo's station)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for n in range(len(LABELS)):
+        path = directory / f"card-{n}.png"
+        if not path.exists():
+            cv2.imwrite(str(path), render(n * PERIOD + CENTRED))
 
 
 def edit_manifest(manifest: Path, **changes: object) -> None:
@@ -137,10 +157,12 @@ def make_bundles(models: Path, bundles: Path) -> None:
 
 
 def prepare(directory: Path, models: Path) -> None:
-    """The video (``line.avi``) and the bundles (``bundles/``) under ``directory``."""
+    """The video (``line.avi``), the cards' stills (``cards/``) and the bundles
+    (``bundles/``) under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / "line.avi").exists():
         make_video(directory / "line.avi")
+    make_cards(directory / "cards")
     make_bundles(models, directory / "bundles")
 
 

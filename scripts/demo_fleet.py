@@ -17,19 +17,27 @@ signed model rolled out to them in waves, every step printed.
    the agreement, ``fleetctl rollouts status`` and ``fleetctl devices list`` are printed;
 5. a decision of cam-a as the fleet's review API has it, with the thumbnail the agent
    uploaded (what the console's decision page shows);
-6. the decisions each agent logged, before and after its switch.
+6. the decisions each agent logged, before and after its switch;
+7. cam-a is an inspection station: a simulated PLC (an OPC UA server, :mod:`hil.plc`)
+   steps its trigger counter for each label card with the card's part id, cam-a takes
+   the card's picture (its camera's software trigger), decides, and writes the outcome
+   code, the reject bit and the decision id back before the station's deadline; the
+   demo prints the PLC's view (part id -> outcome, trigger-to-result ms as the PLC saw
+   it) beside cam-a's decision log filtered by station.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -37,12 +45,60 @@ from pathlib import Path
 
 from hil.demo_assets import edit_manifest, prepare
 from hil.loopback import free_port, start_broker
+from hil.plc.opcua_plc import LINE_VARIABLES, OpcUaPlc, Variable
 from runtime.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
 BIN = Path(sys.executable).parent
 AGENTS = ("cam-a", "cam-b")
+STATION_AGENT = "cam-a"
+TRIGGER_PERIOD_S = 0.4
+"""The PLC triggers a card this often (a line at 2.5 parts a second)."""
+STATION_DEADLINE_MS = 1500
+"""The station's deadline: the two models on this machine's shared cores take about
+0.2-0.6 s a card while the fleet, a second agent and the rollout run beside them."""
+STATION = """
+# cam-a is an inspection station: its camera takes one card picture per PLC trigger
+[[cameras]]
+name = "cam1"
+kind = "images"
+uri = "{cards}"
+trigger_mode = "software"
+line = "1"
+
+[[plc]]
+name = "plc1"
+driver = "opcua"
+endpoint = "{endpoint}"
+security = "none"                        # loopback demo; a line uses sign_and_encrypt
+
+[[stations]]
+name = "label-gate"
+pipeline = "label-orientation"
+plc = "plc1"
+capture = "software_trigger"
+deadline_ms = {deadline}
+fail_safe = "reject"
+trigger = {{ point = "{ns};s=TriggerCount", type = "uint32", edge = "change", poll_ms = 5 }}
+part_id = {{ point = "{ns};s=PartId", type = "string" }}
+outputs = [
+  {{ point = "{ns};s=OutcomeCode", type = "int16", value = "outcome_code" }},
+  {{ point = "{ns};s=Reject", type = "bool", value = "outcome_is", outcome = "reject" }},
+  {{ point = "{ns};s=DecisionId", type = "string", value = "decision_id" }},
+  {{ point = "{ns};s=Seq", type = "uint32", value = "seq" }},
+  {{ point = "{ns};s=Status", type = "uint16", value = "status" }},
+]
+"""
+CAMERA = """
+[[cameras]]
+name = "cam1"
+kind = "file"
+uri = "{video}"
+fps = 10
+loop = true
+line = "1"  # the line it is enrolled on (--labels line=1): drift is kept for that line only
+"""
 SHADOW_MIN = 40
 """Shadow frames a wave needs before its agreement is judged (10 fps, half sampled)."""
 
@@ -60,14 +116,7 @@ port = {local_port}
 [http]
 port = 0
 
-[[cameras]]
-name = "cam1"
-kind = "file"
-uri = "{video}"
-fps = 10
-loop = true
-line = "1"  # the line it is enrolled on (--labels line=1): drift is kept for that line only
-
+{camera}
 [[pipelines]]
 name = "label-orientation"
 source = "cam1"
@@ -140,11 +189,85 @@ def show_review(env: dict[str, str], device: str) -> None:
     print(f"== the fleet's review of {device}: no decision with a thumbnail yet", flush=True)
 
 
+class LinePlc:
+    """The simulated PLC of cam-a's station: every :data:`TRIGGER_PERIOD_S` it writes the
+    next card's part id and steps the trigger counter, then watches for the station's
+    result (its sequence number changing) and keeps what it saw."""
+
+    def __init__(self, plc: OpcUaPlc) -> None:
+        self.plc = plc
+        self.seen: list[tuple[str, int, bool, str, float, int]] = []
+        """(part id, outcome code, reject bit, decision id, trigger-to-result ms, status)."""
+        self.unanswered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-plc", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.wait(TRIGGER_PERIOD_S):
+            n += 1
+            part = f"CARD-{n:05d}"
+            before = self.plc.get("Seq")
+            self.plc.set("PartId", part)
+            t0 = time.perf_counter()
+            self.plc.set("TriggerCount", n)
+            while time.perf_counter() - t0 < STATION_DEADLINE_MS / 1000 * 2:
+                if self.plc.get("Seq") != before:
+                    ms = (time.perf_counter() - t0) * 1000
+                    self.seen.append(
+                        (
+                            part,
+                            int(self.plc.get("OutcomeCode")),
+                            bool(self.plc.get("Reject")),
+                            str(self.plc.get("DecisionId")),
+                            ms,
+                            int(self.plc.get("Status")),
+                        )
+                    )
+                    break
+                time.sleep(0.002)
+            else:
+                self.unanswered += 1
+
+    def report(self) -> None:
+        names = {1: "pass", 2: "reject", 3: "review"}
+        statuses = {v: k for k, v in STATUS_CODES.items()}
+        print(f"== the PLC's view of station label-gate ({len(self.seen)} cards):", flush=True)
+        print("   part id     outcome reject status          trigger->result  decision id")
+        for part, code, reject, decision, ms, status in self.seen[-8:]:
+            outcome = names.get(code, str(code))
+            word = statuses.get(status, str(status))
+            print(
+                f"   {part}  {outcome:<7} {reject!s:<6} {word:<15} {ms:9.1f} ms     "
+                f"{decision or '-'}"
+            )
+        counts: dict[str, int] = {}
+        for x in self.seen:
+            word = statuses.get(x[5], str(x[5]))
+            counts[word] = counts.get(word, 0) + 1
+        print(f"   by status: {counts}", flush=True)
+        if self.seen:
+            times = sorted(x[4] for x in self.seen)
+            print(
+                f"   trigger->result as the PLC saw it: p50 {times[len(times) // 2]:.1f} ms, "
+                f"max {times[-1]:.1f} ms; not answered: {self.unanswered}",
+                flush=True,
+            )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=str(ROOT / ".cache/models"))
     ap.add_argument("--dir", default=str(ROOT / ".cache/demo"))
     args = ap.parse_args()
+    logging.getLogger("asyncua").setLevel(logging.ERROR)  # the PLC's "no security" notes
     d = Path(args.dir).resolve()
     prepare(d, Path(args.models))
     fleet = d / "fleet"
@@ -172,6 +295,9 @@ def main() -> int:
     )
     local = start_broker(d)
     local_port = local.port
+    plc = OpcUaPlc(d / "plc", variables=(*LINE_VARIABLES, Variable("Reject", "bool", False)))
+    plc.start()
+    line_plc = LinePlc(plc)
     procs: list[subprocess.Popen[bytes]] = []
     server = subprocess.Popen(
         [str(BIN / "fleet-server"), "serve", "--config", str(fleet / "fleet.toml")],
@@ -205,9 +331,19 @@ def main() -> int:
             home = d / "agents" / dev
             home.mkdir(parents=True)
             cfg = home / "agent.toml"
+            camera = (
+                STATION.format(
+                    cards=d / "cards",
+                    endpoint=plc.endpoint,
+                    ns=plc.node_id("x").split(";")[0],
+                    deadline=STATION_DEADLINE_MS,
+                )
+                if dev == STATION_AGENT
+                else CAMERA.format(video=d / "line.avi")
+            )
             cfg.write_text(
                 AGENT_CONFIG.format(
-                    device=dev, local_port=local_port, video=d / "line.avi", bundles=d / "bundles"
+                    device=dev, local_port=local_port, camera=camera, bundles=d / "bundles"
                 )
             )
             run(
@@ -241,6 +377,12 @@ def main() -> int:
                 break
             time.sleep(0.2)
         print(fleetctl(env, "devices", "list"), flush=True)
+        line_plc.start()
+        print(
+            f"== the PLC ({plc.endpoint}) triggers cam-a's station every "
+            f"{TRIGGER_PERIOD_S:g} s with a card's part id",
+            flush=True,
+        )
         time.sleep(3)
         policy = fleet / "policy.json"
         # Two agents share this machine's cores with the fleet server, so the p99 of one
@@ -312,7 +454,10 @@ def main() -> int:
         time.sleep(3)
         print(fleetctl(env, "devices", "list"), flush=True)
         show_review(env, AGENTS[0])
+        line_plc.stop()
+        line_plc.report()
     finally:
+        line_plc.stop()
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -320,6 +465,7 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         local.stop()
+        plc.close()
     for dev in AGENTS:
         lines = (d / "agents" / dev / "echo.log").read_text().splitlines()
         decided = [x for x in lines if " cam1 " in x]
@@ -328,7 +474,24 @@ def main() -> int:
         print(f"== {dev}: {len(decided)} decisions, {old} with text-det 4.0.0, {new} with 4.0.1")
         for x in [y for y in decided if " 4.0.1 " in y][:2]:
             print("   " + x)
-    cfg = d / "agents" / AGENTS[0] / "agent.toml"
+    cfg = d / "agents" / STATION_AGENT / "agent.toml"
+    print(f"\n$ edge-agent decisions --config {cfg} --station label-gate --limit 4")
+    print(
+        run(
+            [
+                str(BIN / "edge-agent"),
+                "decisions",
+                "--config",
+                str(cfg),
+                "--station",
+                "label-gate",
+                "--limit",
+                "4",
+            ],
+            env,
+        )
+    )
+    cfg = d / "agents" / AGENTS[1] / "agent.toml"
     print(f"\n$ edge-agent decisions --config {cfg} --outcome reject --limit 3")
     print(
         run(

@@ -218,7 +218,9 @@ class PlcLink:
             group.watched = False
             try:
                 group.watched = driver.watch(
-                    group.points[:1], functools.partial(self._changed, group)
+                    group.points[:1],
+                    functools.partial(self._changed, group),
+                    period_s=group.period_s,
                 )
             except LineError as exc:
                 self._count(exc.reason, f"watch: {exc.detail}")

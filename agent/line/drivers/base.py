@@ -136,10 +136,16 @@ class Driver(abc.ABC):
     def close(self) -> None:
         """Disconnect; never raises."""
 
-    def watch(self, points: Sequence[Point], on_change: Callable[[int, Any], None]) -> bool:
+    def watch(
+        self,
+        points: Sequence[Point],
+        on_change: Callable[[int, Any], None],
+        *,
+        period_s: float = 0.01,
+    ) -> bool:
         """Ask the PLC to report changes of ``points`` (``on_change(index, value)``, on
-        any thread); False when the protocol has no such thing and the link polls
-        instead (the default). OPC UA subscriptions do this.
+        any thread), sampled every ``period_s``; False when the protocol has no such thing
+        and the link polls instead (the default). OPC UA subscriptions do this.
 
         Raises:
             LineError: the PLC refused the subscription.
