@@ -1,0 +1,504 @@
+"""Modbus TCP driver: pymodbus's asyncio client on one event loop of its own
+(:class:`AsyncRunner`).
+
+Why the asyncio client and not pymodbus's synchronous ``ModbusTcpClient`` on the link's
+thread: the OPC UA driver already runs its library this way, so both asyncio stacks cross
+into their loop the same way; the runner bounds every whole call (a read of several
+points is several requests) by the link's timeout and cancels what overran, where the
+synchronous client only bounds each socket wait; and the project runs asyncio libraries
+on a loop of their own, never a loop per call.
+
+Addresses (:func:`parse_point`):
+
+- ``coil:N`` (bool, read and write), ``di:N`` (discrete input: bool, read only);
+- ``hr:N`` (holding registers, read and write), ``ir:N`` (input registers, read only):
+  int16 and uint16 take one register, int32, uint32 and float32 two, int64 and float64
+  four; a string is ``hr:N:LEN``: LEN registers of two UTF-8 bytes each, high byte
+  first, written padded with NUL and read up to the first NUL (decoded here: pymodbus's
+  converter strips only trailing NULs);
+- N is 0..65535 and the whole value lies within the 65536 addresses.
+
+Writing a discrete input or an input register is refused with ``denied`` before anything
+is sent (:func:`writable` tells check-config the same). The word order of 32- and 64-bit
+values is the connection's ``word_order`` (``big``: high word first); a string's
+registers are in address order whatever it is. Values go through pymodbus's own
+``convert_to_registers`` / ``convert_from_registers``.
+
+Reads: points of one area whose registers (or bits) touch or overlap are read with one
+request, up to the protocol's limits (125 registers, 2000 bits); the rest one request
+each. Only configured addresses are asked for, so a PLC with gaps in its map never sees a
+request for an address it lacks. Writes: one request per point, in the order given
+(coil: function 5; one register: 6; more: 16), so a station's result-valid flag, listed
+last, is written last.
+
+Exceptions the PLC answers: 2 IllegalAddress -> ``bad_node``, 3 IllegalValue ->
+``type_mismatch``, any other -> ``protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent.line.drivers.base import AsyncRunner, Driver, Point, wrap
+from agent.line.drivers.configs import ModbusLinkConfig
+from agent.line.errors import LineError
+from agent.line.values import MAX_STRING_BYTES, VALUE_TYPES, ValueMismatch, ValueType, coerce
+
+if TYPE_CHECKING:
+    from pymodbus.client import AsyncModbusTcpClient
+    from pymodbus.pdu import ModbusPDU
+
+log = logging.getLogger(__name__)
+
+KEY = "modbus"
+AREAS = ("coil", "di", "hr", "ir")
+READ_ONLY = frozenset({"di", "ir"})
+MAX_ADDRESS = 65535
+MAX_STRING_REGISTERS = MAX_STRING_BYTES // 2
+MAX_READ_REGISTERS = 125
+MAX_READ_BITS = 2000
+MAX_ADDRESS_CHARS = 32
+CLOSE_TIMEOUT_S = 2.0
+
+REGISTERS: dict[str, int] = {
+    "int16": 1,
+    "uint16": 1,
+    "int32": 2,
+    "uint32": 2,
+    "float32": 2,
+    "int64": 4,
+    "float64": 4,
+}
+"""Registers a value of each number type takes."""
+
+DATATYPE_NAMES: dict[str, str] = {
+    "int16": "INT16",
+    "uint16": "UINT16",
+    "int32": "INT32",
+    "uint32": "UINT32",
+    "float32": "FLOAT32",
+    "int64": "INT64",
+    "float64": "FLOAT64",
+    "string": "STRING",
+}
+"""pymodbus's ``DATATYPE`` member of each value type."""
+
+EXCEPTION_REASONS = {2: "bad_node", 3: "type_mismatch"}
+"""Reason word of the Modbus exception codes (IllegalAddress, IllegalValue); the rest
+are ``protocol``."""
+EXCEPTION_NAMES = {
+    1: "IllegalFunction",
+    2: "IllegalAddress",
+    3: "IllegalValue",
+    4: "DeviceFailure",
+    5: "Acknowledge",
+    6: "DeviceBusy",
+    8: "MemoryParityError",
+    10: "GatewayPathUnavailable",
+    11: "GatewayNoResponse",
+}
+
+
+@dataclass(frozen=True)
+class Address:
+    """A parsed Modbus address: the area, the first address and how many registers (or
+    bits) the value takes."""
+
+    area: str
+    start: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        """One past the last address."""
+        return self.start + self.count
+
+
+def parse_point(address: str, vtype: ValueType) -> Point:
+    """``address`` (``coil:N``, ``di:N``, ``hr:N``, ``ir:N``, ``hr:N:LEN`` for a string) for
+    a value of ``vtype``.
+
+    Raises:
+        ValueError: not such an address (what is wrong is named), a type that can't live
+            in that area, or a value reaching past address 65535.
+    """
+    if vtype not in VALUE_TYPES:
+        raise ValueError(f"unknown value type {vtype!r} (known: {', '.join(VALUE_TYPES)})")
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise ValueError(f"a Modbus address is at most {MAX_ADDRESS_CHARS} characters")
+    parts = address.split(":")
+    area = parts[0]
+    if area not in AREAS or len(parts) not in (2, 3):
+        raise ValueError(
+            f"Modbus address {address!r}: write `coil:N`, `di:N`, `hr:N` or `ir:N` "
+            "(`hr:N:LEN` for a string of LEN registers)"
+        )
+    start = _number(address, parts[1], "the address", MAX_ADDRESS)
+    if area in ("coil", "di"):
+        if vtype != "bool" or len(parts) != 2:
+            raise ValueError(
+                f"Modbus address {address!r}: a {'coil' if area == 'coil' else 'discrete input'} "
+                f"holds one bool, not {vtype}"
+            )
+        return Point(address, vtype, Address(area, start, 1))
+    if vtype == "bool":
+        raise ValueError(
+            f"Modbus address {address!r}: a bool is a `coil:N` or `di:N`, not a register"
+        )
+    if vtype == "string":
+        if len(parts) != 3:
+            raise ValueError(
+                f"Modbus address {address!r}: a string needs its length in registers "
+                f"(`{area}:{start}:LEN`, 2 bytes a register)"
+            )
+        count = _number(address, parts[2], "the length", MAX_STRING_REGISTERS, low=1)
+    else:
+        if len(parts) != 2:
+            raise ValueError(f"Modbus address {address!r}: only a string takes a length")
+        count = REGISTERS[vtype]
+    if start + count - 1 > MAX_ADDRESS:
+        raise ValueError(
+            f"Modbus address {address!r}: a {vtype} takes {count} registers, past {MAX_ADDRESS}"
+        )
+    return Point(address, vtype, Address(area, start, count))
+
+
+def _number(address: str, text: str, what: str, high: int, low: int = 0) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 5 or not low <= int(text) <= high:
+        raise ValueError(f"Modbus address {address!r}: {what} must be a number {low}..{high}")
+    return int(text)
+
+
+def writable(point: Point) -> bool:
+    """Whether a Modbus client can write ``point`` (coils and holding registers; discrete
+    inputs and input registers are read only)."""
+    parsed = point.parsed
+    return isinstance(parsed, Address) and parsed.area not in READ_ONLY
+
+
+class ModbusDriver(Driver):
+    """One Modbus TCP connection to one unit (see the module docstring)."""
+
+    KEY = KEY
+    LIBRARY = "pymodbus"
+
+    def __init__(self, config: ModbusLinkConfig) -> None:
+        super().__init__(config)
+        self.settings = config
+        self._runner: AsyncRunner | None = None
+        self._client: AsyncModbusTcpClient | None = None
+        self._dropped = ""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the TCP connection is up."""
+        return self._client is not None and self._client.connected
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect (within the timeout).
+
+        Raises:
+            LineError: ``refused`` (nothing listens, or the host can't be reached),
+                ``timeout``.
+        """
+        self.close()
+        self._dropped = ""
+        runner = self._runner = AsyncRunner(self.settings.name)
+        try:
+            self._client = runner.call(self._connect(), self.timeout_s)
+        except Exception as exc:
+            self.close()
+            raise self._error(exc, "connect") from exc
+
+    async def _connect(self) -> AsyncModbusTcpClient:
+        from pymodbus.client import AsyncModbusTcpClient  # noqa: PLC0415 - loads with the driver
+
+        c = self.settings
+        client = AsyncModbusTcpClient(
+            c.host,
+            port=c.port,
+            name=f"plc {c.name}",
+            timeout=self.timeout_s,
+            retries=0,
+            reconnect_delay=0,  # the link reconnects, with its backoff
+        )
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            up = await client.connect()
+        except BaseException:
+            client.close()
+            raise
+        if up:
+            return client
+        client.close()
+        # pymodbus says only False: a refusal comes at once, an unanswered SYN at the timeout
+        if loop.time() - started >= 0.9 * self.timeout_s:
+            raise LineError(c.name, "timeout", f"connect: no answer within {self.timeout_s:g} s")
+        raise LineError(c.name, "refused", f"connect: {c.host}:{c.port} refused the connection")
+
+    def close(self) -> None:
+        """Close the connection and end the loop's thread."""
+        runner, client = self._runner, self._client
+        self._runner = self._client = None
+        if runner is None:
+            return
+        try:
+            runner.call(_shutdown(client), CLOSE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - close never raises: the loop goes anyway
+            log.debug("plc %s: close: %s", self.settings.name, exc)
+        runner.close()
+
+    # -- reading and writing -----------------------------------------------------------
+
+    def read(self, points: Sequence[Point]) -> list[Any]:
+        """The values of ``points`` (adjacent ones of one area in one request).
+
+        Raises:
+            LineError: ``bad_node`` (IllegalAddress), ``type_mismatch`` (a string that is
+                not UTF-8), ``timeout``, ``disconnected``, ``protocol``.
+        """
+        if not points:
+            return []
+        client, runner = self._live()
+        addresses = [_address(p) for p in points]
+        spans = _spans(addresses)
+        try:
+            raw = runner.call(self._read_spans(client, spans), self.timeout_s)
+        except Exception as exc:
+            raise self._failed(exc, "read") from exc
+        values = []
+        for point, addr in zip(points, addresses, strict=True):
+            span = next(s for s in spans if s.area == addr.area and s.start <= addr.start < s.end)
+            words = raw[span][addr.start - span.start : addr.end - span.start]
+            values.append(self._decode(point, words))
+        return values
+
+    async def _read_spans(
+        self, client: AsyncModbusTcpClient, spans: list[Address]
+    ) -> dict[Address, list[int]]:
+        unit = self.settings.unit_id
+        out: dict[Address, list[int]] = {}
+        for span in spans:
+            if span.area == "coil":
+                reply = await client.read_coils(span.start, count=span.count, device_id=unit)
+            elif span.area == "di":
+                reply = await client.read_discrete_inputs(
+                    span.start, count=span.count, device_id=unit
+                )
+            elif span.area == "hr":
+                reply = await client.read_holding_registers(
+                    span.start, count=span.count, device_id=unit
+                )
+            else:
+                reply = await client.read_input_registers(
+                    span.start, count=span.count, device_id=unit
+                )
+            self._check(reply, _name(span))
+            got = list(reply.bits) if span.area in ("coil", "di") else list(reply.registers)
+            if len(got) < span.count:
+                raise LineError(
+                    self.settings.name,
+                    "protocol",
+                    f"read {_name(span)}: {len(got)} values for {span.count}",
+                )
+            out[span] = [int(v) for v in got[: span.count]]
+        return out
+
+    def write(self, writes: Sequence[tuple[Point, Any]]) -> None:
+        """Write each value, one request per point, in the order given (within the
+        timeout as a whole).
+
+        Raises:
+            LineError: ``denied`` (a discrete input or input register: nothing is
+                written), ``bad_node`` (IllegalAddress), ``type_mismatch`` (the value does
+                not fit, or the PLC answered IllegalValue), ``timeout``, ``disconnected``,
+                ``protocol``.
+        """
+        if not writes:
+            return
+        for p, _ in writes:
+            if not writable(p):
+                raise LineError(
+                    self.settings.name,
+                    "denied",
+                    f"{p.address} is read only (discrete inputs and input registers)",
+                )
+        client, runner = self._live()
+        encoded = [(p, _address(p), self._encode(p, v)) for p, v in writes]
+        try:
+            runner.call(self._write_all(client, encoded), self.timeout_s)
+        except Exception as exc:
+            raise self._failed(exc, "write") from exc
+
+    async def _write_all(
+        self, client: AsyncModbusTcpClient, encoded: list[tuple[Point, Address, list[int]]]
+    ) -> None:
+        unit = self.settings.unit_id
+        for point, addr, words in encoded:
+            if addr.area == "coil":
+                reply = await client.write_coil(addr.start, bool(words[0]), device_id=unit)
+            elif len(words) == 1:
+                reply = await client.write_register(addr.start, words[0], device_id=unit)
+            else:
+                reply = await client.write_registers(addr.start, words, device_id=unit)
+            self._check(reply, point.address)
+
+    # -- values ------------------------------------------------------------------------
+
+    def _encode(self, point: Point, value: Any) -> list[int]:
+        """``value`` as registers (or one bit) for ``point``.
+
+        Raises:
+            LineError: ``type_mismatch``: it does not fit.
+        """
+        from pymodbus.client import AsyncModbusTcpClient as Codec  # noqa: PLC0415
+
+        addr = _address(point)
+        try:
+            fitted = coerce(value, point.vtype)
+        except ValueMismatch as exc:
+            raise LineError(self.settings.name, "type_mismatch", f"{point.address}: {exc}") from exc
+        if point.vtype == "bool":
+            return [int(bool(fitted))]
+        datatype = Codec.DATATYPE[DATATYPE_NAMES[point.vtype]]
+        if point.vtype != "string":
+            return Codec.convert_to_registers(fitted, datatype, self.settings.word_order)
+        size = len(fitted.encode("utf-8"))
+        if size > 2 * addr.count:
+            raise LineError(
+                self.settings.name,
+                "type_mismatch",
+                f"{point.address}: a string of {size} bytes does not fit {addr.count} registers",
+            )
+        return Codec.convert_to_registers(fitted + "\x00" * (2 * addr.count - size), datatype)
+
+    def _decode(self, point: Point, words: list[int]) -> Any:
+        """The value of ``point`` from its registers (or bit).
+
+        Raises:
+            LineError: ``type_mismatch``: a string that is not UTF-8.
+        """
+        from pymodbus.client import AsyncModbusTcpClient as Codec  # noqa: PLC0415
+
+        if point.vtype == "bool":
+            return bool(words[0])
+        if point.vtype == "string":
+            # up to the first NUL (pymodbus's converter strips trailing NULs only)
+            data = b"".join(w.to_bytes(2, "big") for w in words).split(b"\x00", 1)[0]
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise LineError(
+                    self.settings.name,
+                    "type_mismatch",
+                    f"{point.address} holds bytes that are not UTF-8 ({exc.reason} at byte "
+                    f"{exc.start})",
+                ) from None
+        datatype = Codec.DATATYPE[DATATYPE_NAMES[point.vtype]]
+        return Codec.convert_from_registers(words, datatype, self.settings.word_order)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _live(self) -> tuple[AsyncModbusTcpClient, AsyncRunner]:
+        client, runner = self._client, self._runner
+        if client is None or runner is None:
+            raise LineError(self.settings.name, "disconnected", "not connected")
+        if not client.connected:
+            # pymodbus would connect again inside the request: the link owns reconnects
+            why = self._dropped or "the PLC closed the connection"
+            raise LineError(self.settings.name, "disconnected", why)
+        return client, runner
+
+    def _check(self, reply: ModbusPDU, what: str) -> None:
+        if not reply.isError():
+            return
+        code = int(getattr(reply, "exception_code", 0))
+        name = EXCEPTION_NAMES.get(code, f"exception {code}")
+        raise LineError(
+            self.settings.name, EXCEPTION_REASONS.get(code, "protocol"), f"{what}: {name}"
+        )
+
+    def _failed(self, exc: Exception, doing: str) -> LineError:
+        """The LineError for ``exc``; after a timeout the connection is dropped at once (a
+        late answer must not be taken for the next request's)."""
+        error = self._error(exc, doing)
+        client, runner = self._client, self._runner
+        if error.reason == "timeout" and client is not None and runner is not None:
+            self._dropped = f"the connection was dropped after a timeout ({doing})"
+            try:
+                runner.call(_close(client), CLOSE_TIMEOUT_S)
+            except Exception as close_exc:  # noqa: BLE001 - the timeout is what is reported
+                log.debug("plc %s: close after a timeout: %s", self.settings.name, close_exc)
+        return error
+
+    def _error(self, exc: BaseException, doing: str) -> LineError:
+        if isinstance(exc, LineError):
+            return exc
+        from pymodbus.exceptions import (  # noqa: PLC0415 - loads with the driver
+            ConnectionException,
+            ModbusIOException,
+        )
+
+        name = self.settings.name
+        if isinstance(exc, ConnectionException):
+            return LineError(name, "disconnected", f"{doing}: {exc}")
+        if isinstance(exc, ModbusIOException):
+            reason = "timeout" if "No response" in str(exc) else "protocol"
+            return LineError(name, reason, f"{doing}: {exc}")
+        error = wrap(name, exc)
+        if error.reason == "timeout":
+            return LineError(name, "timeout", f"{doing}: no answer within {self.timeout_s:g} s")
+        return LineError(name, error.reason, f"{doing}: {error.detail}")
+
+
+def _address(point: Point) -> Address:
+    if not isinstance(point.parsed, Address):  # a point parsed by another driver: a bug
+        raise TypeError(f"{point.address} was not parsed as a Modbus address")
+    return point.parsed
+
+
+def _name(span: Address) -> str:
+    last = span.end - 1
+    return f"{span.area}:{span.start}" + (f"..{last}" if last > span.start else "")
+
+
+def _spans(addresses: list[Address]) -> list[Address]:
+    """The requests that read ``addresses``: per area, runs of addresses that touch or
+    overlap merged, up to the protocol's limit per request."""
+    spans: list[Address] = []
+    for addr in sorted(set(addresses), key=lambda a: (a.area, a.start, a.count)):
+        limit = MAX_READ_BITS if addr.area in ("coil", "di") else MAX_READ_REGISTERS
+        last = spans[-1] if spans else None
+        if (
+            last is not None
+            and last.area == addr.area
+            and addr.start <= last.end
+            and max(last.end, addr.end) - last.start <= limit
+        ):
+            spans[-1] = Address(last.area, last.start, max(last.end, addr.end) - last.start)
+        else:
+            spans.append(addr)
+    return spans
+
+
+async def _close(client: AsyncModbusTcpClient) -> None:
+    client.close()
+
+
+async def _shutdown(client: AsyncModbusTcpClient | None) -> None:
+    """Close the connection and end every other task of the loop."""
+    if client is not None:
+        client.close()
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S / 2)
