@@ -43,7 +43,9 @@ class Record:
 
 @dataclass(frozen=True)
 class DecisionRecord:
-    """An uploaded decision: ``id`` is the device's UUIDv7 of the decision."""
+    """An uploaded decision: ``id`` is the device's UUIDv7 of the decision; ``station``,
+    ``part_id`` and ``deadline_missed`` are the row's station fields (empty and false
+    for a free-running pipeline), kept in columns of their own to be filtered on."""
 
     id: str
     device_id: str
@@ -54,6 +56,9 @@ class DecisionRecord:
     model_version: str
     payload: dict[str, Any]
     received_at: float | None = None
+    station: str = ""
+    part_id: str = ""
+    deadline_missed: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,9 @@ def insert_decisions(bind: Bind, rows: Iterable[DecisionRecord]) -> int:
                 "model_version": r.model_version,
                 "payload": r.payload,
                 "received_at": r.received_at,
+                "station": r.station,
+                "part_id": r.part_id,
+                "deadline_missed": r.deadline_missed,
             }
             for r in rows
         ),

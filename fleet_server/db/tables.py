@@ -111,10 +111,16 @@ decisions = sa.Table(
     sa.Column("model_version", sa.Text, nullable=False),
     sa.Column("payload", json_type(), nullable=False),
     sa.Column("received_at", TS),
+    sa.Column("station", sa.Text, nullable=False, server_default=""),
+    sa.Column("part_id", sa.Text, nullable=False, server_default=""),
+    sa.Column("deadline_missed", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(None, "device_id", "ts"),
 )
 """A decision is known by (device_id, id): two devices may use the same id, and each
-sees only its own row (docs/fleet-storage.md, "Decision ids")."""
+sees only its own row (docs/fleet-storage.md, "Decision ids"). ``station``, ``part_id``
+and ``deadline_missed`` (migration 0010) are the row's own fields: the station whose PLC
+trigger it answers, the part id the PLC passed, whether the station's deadline passed
+first ('', '', false for a free-running pipeline and for rows stored before)."""
 
 events = sa.Table(
     "events",
@@ -219,6 +225,7 @@ sa.Index("ix_decisions_ts", decisions.c.ts)
 sa.Index("ix_decisions_outcome_ts", decisions.c.outcome, decisions.c.ts)
 sa.Index("ix_decisions_source_ts", decisions.c.source, decisions.c.ts)
 sa.Index("ix_decisions_model_version_ts", decisions.c.model_version, decisions.c.ts)
+sa.Index("ix_decisions_part_id_ts", decisions.c.part_id, decisions.c.ts)  # migration 0010
 sa.Index("ix_decisions_line_ts", sa.text(LINE_EXPRESSION["postgresql"]), decisions.c.ts)
 sa.Index(
     "ix_decisions_device_id_line_ts",

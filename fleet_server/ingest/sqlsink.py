@@ -162,6 +162,9 @@ class SqlSink:
                 model_version=r.model_version,
                 payload=r.model_dump(mode="json"),
                 received_at=now,
+                station=r.station,
+                part_id=r.part_id,
+                deadline_missed=r.deadline_missed,
             )
             for r in rows
         ]

@@ -20,7 +20,14 @@ from fleet_server.db import (
     sqlite_url,
     upgrade,
 )
-from fleet_server.db.store import Record, count_records, insert_heartbeats
+from fleet_server.db.store import (
+    DecisionRecord,
+    Record,
+    count_records,
+    insert_decisions,
+    insert_heartbeats,
+    list_decision_records,
+)
 from fleet_server.db.tables import metadata
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]  # the db_url and pg_cluster fixtures
@@ -66,6 +73,50 @@ def test_migrations_build_exactly_the_tables_the_code_defines(db_url: str) -> No
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
     assert diff == []
     engine.dispose()
+
+
+def test_upgrading_to_0010_keeps_the_decisions_as_free_running_ones(db_url: str) -> None:
+    engine = make_engine(db_url)
+    upgrade(engine, "0009")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO decisions (id, device_id, ts, source, outcome, model_name, "
+                "model_version, payload, received_at) VALUES (:id, 'dev-a', :ts, 'cam1', "
+                "'pass', 'cls', '1.0.0', '{\"line\": \"3\"}', :ts)"
+            ),
+            [{"id": f"id-{n}", "ts": 1_790_000_000.0 + n} for n in range(3)],
+        )
+    upgrade(engine)
+    old = list_decision_records(engine, "dev-a")
+    assert sorted(d.id for d in old) == ["id-0", "id-1", "id-2"]
+    assert {(d.station, d.part_id, d.deadline_missed) for d in old} == {("", "", False)}
+    assert old[0].payload == {"line": "3"}
+    new = DecisionRecord("id-9", "dev-a", 1_790_000_009.0, "cam1", "reject", "cls", "1.0.0",
+                         {}, station="st-1", part_id="P-9", deadline_missed=True)  # fmt: skip
+    assert insert_decisions(engine, [new]) == 1
+    assert list_decision_records(engine, "dev-a", limit=1) == [new]
+    assert "ix_decisions_part_id_ts" in _decision_indexes(engine)
+    downgrade(engine, "0009")  # and back: the station columns go, the rows and indexes stay
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("decisions")}
+    assert not columns & {"station", "part_id", "deadline_missed"}
+    assert count_records(engine, "decisions") == 4
+    left = _decision_indexes(engine)
+    assert "ix_decisions_part_id_ts" not in left
+    assert {"ix_decisions_line_ts", "ix_decisions_device_id_line_ts"} <= left  # expressions
+    engine.dispose()
+
+
+def _decision_indexes(engine: sa.Engine) -> set[str]:
+    """The names of the decisions table's indexes, expression indexes too (which SQLite's
+    reflection leaves out)."""
+    sql = (
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'decisions'"
+        if engine.dialect.name == "sqlite"
+        else "SELECT indexname FROM pg_indexes WHERE tablename = 'decisions'"
+    )
+    with engine.connect() as conn:
+        return {str(r[0]) for r in conn.exec_driver_sql(sql)}
 
 
 def test_failed_migration_keeps_neither_tables_nor_a_version(db_url: str) -> None:

@@ -5,6 +5,7 @@ Mosquitto storing each record once."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from agent.wire.messages import (
     ThumbnailUpload,
     encode,
     install_state_event,
+    parse,
 )
 from fleet_server.db import store
 from fleet_server.db.tables import decisions, events, heartbeats, telemetry
@@ -110,6 +112,32 @@ def test_each_kind_of_record_is_stored_once_and_the_counts_are_rows_inserted(db:
     assert decision.payload["outputs"] == {"score": 0.1}
     (event,) = store.list_events(db, "dev-a", kind="alarm")
     assert event.payload == {"x": 1}
+
+
+def test_a_station_decisions_fields_are_stored_in_their_columns_and_an_old_row_takes_defaults(
+    db: Engine,
+) -> None:
+    sink = SqlSink(db)
+    late = _row("dev-a", 0).model_copy(
+        update={"station": "st-1", "part_id": "P-0042", "deadline_missed": True}
+    )
+    older = json.loads(encode(DecisionUpload(device_id="dev-a", rows=[_row("dev-a", 1)])))
+    for name in ("station", "part_id", "deadline_missed"):  # as an older agent sends it
+        del older["rows"][0][name]
+    (old_row,) = parse(DecisionUpload, json.dumps(older).encode()).rows
+    assert sink.store_decisions([late, old_row]) == 2
+    with db.connect() as conn:
+        columns = (decisions.c.station, decisions.c.part_id, decisions.c.deadline_missed)
+        stored = {r[0]: tuple(r[1:]) for r in conn.execute(sa.select(decisions.c.id, *columns))}
+    assert stored == {late.id: ("st-1", "P-0042", True), old_row.id: ("", "", False)}
+    by_id = {d.id: d for d in store.list_decision_records(db, "dev-a")}
+    assert (by_id[late.id].station, by_id[late.id].part_id, by_id[late.id].deadline_missed) == (
+        "st-1",
+        "P-0042",
+        True,
+    )
+    assert by_id[late.id].payload["part_id"] == "P-0042"  # and in the row as uploaded
+    assert by_id[old_row.id].deadline_missed is False
 
 
 def _jpeg(width: int, height: int, grey: int = 120) -> bytes:
