@@ -43,6 +43,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from agent.line.results import STATUS_CODES
 from hil.demo_assets import edit_manifest, prepare
 from hil.loopback import free_port, start_broker
 from hil.plc.opcua_plc import LINE_VARIABLES, OpcUaPlc, Variable
