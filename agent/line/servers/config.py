@@ -117,7 +117,52 @@ class OpcUaServerConfig(Section):
         return self
 
 
+MODBUS_BLOCK_MIN = 40
+"""Registers one station's result takes (:mod:`agent.line.servers.modbus`)."""
+
+
 class ModbusServerConfig(Section):
-    """The agent as a Modbus TCP server: result registers, trigger coils, a heartbeat."""
+    """The agent as a Modbus TCP server: result registers, trigger coils, a heartbeat.
+
+    The register map is fixed (see :mod:`agent.line.servers.modbus`): a header at holding
+    register 0, each station's block at ``station_base + i * block_size`` in the order
+    the stations are configured, and two coils per station (trigger, busy).
+    """
 
     enabled: bool = Field(False, description="Serve Modbus TCP (off by default).")
+    host: str = Field(
+        "127.0.0.1",
+        pattern=r"^[A-Za-z0-9_.:\[\]-]{1,253}$",
+        description="The address to listen on. Loopback by default: give the line "
+        "network's interface address explicitly (e.g. `192.168.10.5`) for PLCs to reach "
+        "it; `0.0.0.0` listens on every interface, which Modbus (no authentication) "
+        "should not.",
+    )
+    port: int = Field(
+        5020,
+        ge=1,
+        le=65535,
+        description="TCP port. 5020 by default: Modbus's own 502 needs privileges "
+        "(CAP_NET_BIND_SERVICE) the agent does not run with.",
+    )
+    unit_id: int = Field(
+        1,
+        ge=0,
+        le=255,
+        description="The unit (slave) id the server answers; a request for another is "
+        "answered with exception 0B (gateway target failed to respond). 0 answers every "
+        "unit id.",
+    )
+    station_base: int = Field(
+        100,
+        ge=16,
+        le=60_000,
+        description="Holding register of the first station's block (the header is at 0).",
+    )
+    block_size: int = Field(
+        50,
+        ge=MODBUS_BLOCK_MIN,
+        le=1000,
+        description=f"Registers between two stations' blocks (at least {MODBUS_BLOCK_MIN}, "
+        "the registers a result takes).",
+    )
