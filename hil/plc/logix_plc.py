@@ -108,10 +108,16 @@ class LogixPlc:
         tags: ``Name=TYPE`` definitions (cpppo's types, ``LOGIX_STRING``, arrays as
             ``Name=DINT[5]``).
         logdir: where its output goes (``logix_plc.log``).
+        simple: a controller without a backplane to route through (cpppo's
+            ``--simple``), as a Micro800 is; its strings are CIP SHORT_STRINGs
+            (``Name=SSTRING``).
     """
 
-    def __init__(self, tags: list[str], logdir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, tags: list[str], logdir: Path, host: str = "127.0.0.1", simple: bool = False
+    ) -> None:
         self.tags = list(tags)
+        self.simple = simple
         self.host = host
         self.port = free_port(host)
         self.log = logdir / "logix_plc.log"
@@ -131,6 +137,7 @@ class LogixPlc:
                     "hil.plc.logix_plc",
                     "--address",
                     f"{self.host}:{self.port}",
+                    *(["--simple"] if self.simple else []),
                     *self.tags,
                 ],
                 stdout=log,

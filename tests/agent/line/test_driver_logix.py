@@ -214,6 +214,22 @@ def test_a_killed_controller_is_refused_and_reopens_when_back(tmp_path: Path) ->
         sim.stop()
 
 
+def test_a_micro800_is_read_and_written_one_tag_a_request(tmp_path: Path) -> None:
+    # no Multiple Service Packet, no backplane route; strings are SHORT_STRINGs
+    with LogixPlc(["Count=INT", "Score=REAL", "PartId=SSTRING"], tmp_path, simple=True) as sim:
+        drv = LogixDriver(config(sim.port, micro800=True))
+        drv.open()
+        try:
+            points = [pt("Count", "int16"), pt("Score", "float32"), pt("PartId", "string")]
+            drv.write([(points[0], -7), (points[1], 2.5), (points[2], "P-9")])
+            assert drv.read(points) == [-7, 2.5, "P-9"]
+            with pytest.raises(LineError) as err:
+                drv.read([pt("Missing", "int16")])
+            assert err.value.reason == "bad_node"
+        finally:
+            drv.close()
+
+
 def test_the_registry_and_check_config_know_the_driver() -> None:
     assert driver_class("logix") is LogixDriver
     point = parse_any("logix", "Program:Main.Part_Id[2]", "string")

@@ -250,6 +250,19 @@ def test_another_unit_id_is_answered_gateway_no_response(
     assert mb.read("4", 1) == [1]  # its own unit id still answered
 
 
+def test_unit_id_0_answers_every_unit_id(triggers: Triggers) -> None:
+    cfg = ModbusServerConfig(enabled=True, port=free_port(), unit_id=0)
+    srv = ModbusResultServer(cfg, ["s1"], triggers)
+    srv.start()
+    try:
+        mb = Mb(cfg.port)
+        assert mb.read("4", 2, unit=7) == [1]
+        assert mb.write("0", 0, 1).returncode == 0
+        assert triggers.calls == ["s1"]
+    finally:
+        srv.stop()
+
+
 def test_a_result_for_an_unknown_station_is_counted(server: ModbusResultServer) -> None:
     server.on_result(result("elsewhere", 1))
     assert server.stats()["results_unknown_station"] == 1
