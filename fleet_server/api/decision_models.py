@@ -89,6 +89,11 @@ class DecisionRowOut(ApiModel):
     top_score: float | None = Field(description="Best score of the model's outputs.")
     top_label: str | None = Field(description="Label of that score.")
     e2e_ms: float | None = Field(description="Capture to decision, ms.")
+    station: str = Field(description="The station whose PLC trigger it answers ('' none).")
+    part_id: str = Field(description="The part id the PLC passed ('' when none).")
+    deadline_missed: bool = Field(
+        description="The station's deadline passed first: the PLC got the fail-safe result."
+    )
     reviewed: bool = Field(description="Someone reviewed it.")
     reviewed_outcome: str | None = Field(description="The outcome the current review set.")
     review: ReviewOut | None = Field(description="The current review.")

@@ -122,6 +122,12 @@ def decision_filter(
     source: Annotated[str | None, Query(max_length=MAX_PARAM, description="Camera/sensor")] = None,
     outcome: Annotated[str | None, Query(max_length=MAX_PARAM, description="Decided")] = None,
     model_version: Annotated[str | None, Query(max_length=MAX_PARAM)] = None,
+    station: Annotated[
+        str | None, Query(max_length=MAX_PARAM, description="Station (PLC trigger)")
+    ] = None,
+    part_id: Annotated[
+        str | None, Query(max_length=MAX_PARAM, description="Part id the PLC passed (exact)")
+    ] = None,
     since: Annotated[str | None, Query(description=TIME_HELP + " (at or after)")] = None,
     until: Annotated[str | None, Query(description=TIME_HELP + " (before)")] = None,
     reviewed: Annotated[str | None, Query(description="yes or no")] = None,
@@ -141,6 +147,8 @@ def decision_filter(
         "source": source,
         "outcome": outcome,
         "model_version": model_version,
+        "station": station,
+        "part_id": part_id,
         "since": since,
         "until": until,
         "reviewed": reviewed,

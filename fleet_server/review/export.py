@@ -50,7 +50,12 @@ COLUMNS = (
     "reviewer",
     "reviewed_at",
     "reviewed_at_utc",
+    "station",
+    "part_id",
+    "deadline_missed",
 )
+"""The station columns come last, so that a script reading the columns before them by
+position reads what it did."""
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -99,6 +104,9 @@ def csv_row(row: DecisionSummary) -> list[str]:
         _text(r.reviewer if r else None),
         _number(r.reviewed_at if r else None),
         _utc(r.reviewed_at if r else None),
+        _text(row.station),
+        _text(row.part_id),
+        "yes" if row.deadline_missed else "no",
     ]
 
 

@@ -18,7 +18,9 @@ from datetime import datetime
 from fleet_server import params
 from fleet_server.review.errors import BadQuery
 
-TEXT_FILTERS = ("site", "line", "device", "source", "outcome", "model_version")
+TEXT_FILTERS = (
+    "site", "line", "device", "source", "outcome", "model_version", "station", "part_id",
+)  # fmt: skip
 """Filters that match one text value exactly."""
 FILTER_PARAMS = (*TEXT_FILTERS, "since", "until", "reviewed", "disagreement")
 MAX_TEXT = 200
@@ -43,6 +45,8 @@ class DecisionFilter:
         source: the camera or sensor.
         outcome: the outcome the device decided.
         model_version: the version of the (first) model that decided.
+        station: the station whose PLC trigger the decision answers.
+        part_id: the part id the PLC passed with the trigger (exact match).
         since: decision time at or after (Unix seconds).
         until: decision time before (Unix seconds).
         reviewed: only reviewed (True) or only unreviewed (False) decisions.
@@ -57,6 +61,8 @@ class DecisionFilter:
     source: str | None = None
     outcome: str | None = None
     model_version: str | None = None
+    station: str | None = None
+    part_id: str | None = None
     since: float | None = None
     until: float | None = None
     reviewed: bool | None = None

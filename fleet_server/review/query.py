@@ -16,6 +16,10 @@ labelled devices that have such rows count). A small set (up to
 checked row by row while the branch's index (the time index when nothing else is
 pinned) is read.
 
+A part (``part_id``) has a handful of decisions: a filter naming one reads the part id
+index alone, and checks every other filter (the device set too) row by row. ``station``
+has no index; it is checked row by row while the branch's index is read.
+
 Two filters are driven by a smaller table instead: only reviewed decisions read the
 reviews (ordered by the review's copy of the decision time), and only disagreements
 (``disagreement``: a candidate in the device's shadow slot decided otherwise) read the
@@ -62,6 +66,9 @@ _SELECTED = [
     decisions.c.model_name,
     decisions.c.model_version,
     decisions.c.payload,
+    decisions.c.station,
+    decisions.c.part_id,
+    decisions.c.deadline_missed,
     *(R.c[name].label(f"r_{name}") for name in REVIEW_COLUMNS),
 ]
 
@@ -157,6 +164,8 @@ def branches(conn: Connection, f: DecisionFilter) -> list[Branch]:
         conds.append(decisions.c.ts >= f.since)
     if f.until is not None:
         conds.append(decisions.c.ts < f.until)
+    if f.station is not None:
+        conds.append(decisions.c.station == f.station)
     ids: list[str] | None = None
     if f.device is not None:
         ids = [f.device]
@@ -165,6 +174,8 @@ def branches(conn: Connection, f: DecisionFilter) -> list[Branch]:
         ids = in_site if ids is None else [d for d in ids if d in set(in_site)]
     if ids is not None and not ids:
         return []
+    if f.part_id is not None:
+        return _part_branches(conn, f.part_id, f.line, plain, conds, ids)
     if f.line is None:
         return _branches_for((), plain, conds, ids)
     line = line_column(conn.dialect.name)
@@ -176,6 +187,35 @@ def branches(conn: Connection, f: DecisionFilter) -> list[Branch]:
     if not unlined:
         return written
     return written + _branches_for(((line, ""),), plain, conds, unlined)
+
+
+def _part_branches(
+    conn: Connection,
+    part_id: str,
+    line_value: str | None,
+    plain: list[Pin],
+    conds: list[sa.ColumnElement[bool]],
+    ids: Sequence[str] | None,
+) -> list[Branch]:
+    """The branches of a filter naming a part: each pinned to the part id index (a few
+    rows), every other filter checked row by row; with ``line``, one branch for rows
+    that name it and one for rows without a line of the devices labelled with it."""
+    pins: tuple[Pin, ...] = ((decisions.c.part_id, part_id),)
+    where = [*(unindexed(column) == value for column, value in plain), *conds]
+    if ids is not None:
+        where.append(unindexed(decisions.c.device_id).in_(ids))
+    if line_value is None:
+        return [Branch(pins, tuple(where))]
+    line = line_column(conn.dialect.name)
+    written = Branch(pins, (*where, unindexed(line) == line_value))
+    labelled = devices_labelled(conn, "line", line_value)
+    if ids is not None:
+        labelled = [d for d in labelled if d in set(ids)]
+    unlined = _writing_no_line(conn, labelled, line)
+    if not unlined:
+        return [written]
+    fallback = (unindexed(line) == "", unindexed(decisions.c.device_id).in_(unlined))
+    return [written, Branch(pins, (*where, *fallback))]
 
 
 def _writing_no_line(

@@ -52,6 +52,11 @@ class DecisionSummary:
         top_label: the label of that score, if any.
         e2e_ms: capture to decision, ms, if recorded.
         review: the current review, or None.
+        station: the station whose PLC trigger it answers ('' for a free-running
+            pipeline).
+        part_id: the part id the PLC passed ('' when none).
+        deadline_missed: the station's deadline passed first: the PLC got the station's
+            fail-safe result, not this decision's.
     """
 
     id: str
@@ -69,6 +74,9 @@ class DecisionSummary:
     top_label: str | None
     e2e_ms: float | None
     review: Review | None
+    station: str = ""
+    part_id: str = ""
+    deadline_missed: bool = False
 
 
 def line_of(payload: Mapping[str, Any], labels: Mapping[str, str]) -> str:
@@ -114,7 +122,8 @@ def summarize(
     row: Mapping[Any, Any], labels: Mapping[str, str], review: Review | None
 ) -> DecisionSummary:
     """The list row of a stored decision (``row``: the ``decisions`` columns) whose
-    device has ``labels``."""
+    device has ``labels``. The station fields come from their columns (the fleet's
+    copy of what the row said, filtered on), not from the payload."""
     payload: Mapping[str, Any] = row["payload"] or {}
     score, label = top_result(payload.get("outputs"))
     digest = payload.get("bundle_digest")
@@ -134,4 +143,7 @@ def summarize(
         top_label=label,
         e2e_ms=_number(payload.get("e2e_ms")),
         review=review,
+        station=row["station"],
+        part_id=row["part_id"],
+        deadline_missed=bool(row["deadline_missed"]),
     )

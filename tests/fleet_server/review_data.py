@@ -45,6 +45,8 @@ class Fleet:
             f.source is None or row.source == f.source,
             f.outcome is None or row.outcome == f.outcome,
             f.model_version is None or row.model_version == f.model_version,
+            f.station is None or row.station == f.station,
+            f.part_id is None or row.part_id == f.part_id,
             f.since is None or row.decision_time >= f.since,
             f.until is None or row.decision_time < f.until,
             f.reviewed is None or (row.id in self.reviewed) == f.reviewed,
@@ -71,8 +73,12 @@ def decision(
     model_version: str = "1.0.0",
     outputs: dict[str, Any] | None = None,
     thumbnail: str | None = None,
+    station: str = "",
+    part_id: str = "",
+    deadline_missed: bool = False,
 ) -> DecisionRow:
-    """A decision row as an agent uploads it."""
+    """A decision row as an agent uploads it (a free-running pipeline's unless a
+    station is given)."""
     n = next(_counter)
     return DecisionRow(
         id=str(uuid.UUID(int=(int(ts * 1000) << 80) | (0x7 << 76) | (0b10 << 62) | n)),
@@ -93,6 +99,9 @@ def decision(
         latencies_ms={"inference": 10.0, "e2e": 12.5},
         e2e_ms=12.5,
         thumbnail=thumbnail,
+        station=station,
+        part_id=part_id,
+        deadline_missed=deadline_missed,
     )
 
 
@@ -102,10 +111,24 @@ def store_rows(engine: Engine, fleet: Fleet, rows: list[DecisionRow]) -> None:
     fleet.rows.extend(rows)
 
 
+def _station_fields(n: int) -> dict[str, Any]:
+    """The station fields of mixed_fleet's n-th decision (see there)."""
+    if n % 6 >= 4:
+        return {}
+    return {
+        "station": "st-a" if n % 6 < 2 else "st-b",
+        "part_id": f"P-{n // 6:04d}",
+        "deadline_missed": n % 7 == 1,
+    }
+
+
 def mixed_fleet(engine: Engine, *, big_site: int = 0) -> Fleet:
     """Six devices on two sites and two lines (one of them writes no line into its
     rows), 120 decisions with runs of equal timestamps, every value of every filter
-    hit; with ``big_site``, that many more devices on site ``big`` (one decision each)."""
+    hit; with ``big_site``, that many more devices on site ``big`` (one decision each).
+    The first four devices answer station triggers (d-a1 and d-a2 station st-a, d-b1 and
+    d-b2 st-b): each part P-0000, P-0001, ... passes all four (``n // 6``), every
+    seventh decision missed its deadline; the other two run free."""
     fleet = Fleet()
     layout = [
         ("d-a1", "north", "1", "1"),
@@ -130,6 +153,7 @@ def mixed_fleet(engine: Engine, *, big_site: int = 0) -> Fleet:
                 source=f"cam{n % 2}",
                 outcome=("pass", "reject", "pass", "review", "pass")[n % 5],
                 model_version="1.0.0" if n < 60 else "1.1.0",
+                **_station_fields(n),
             )
         )
     store_rows(engine, fleet, rows)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from fleet_server.auth import PasswordHasher, add_user
 from fleet_server.auth.deps import COOKIE_NAME
 from fleet_server.db.tables import decision_review_log
-from fleet_server.review import COLUMNS, encode_cursor
+from fleet_server.review import COLUMNS, encode_cursor, parse_filter
 from fleet_server.review.filters import Cursor
 from fleet_server.serve import FleetServer
 from tests.fleet_server.auth_client import PASSWORD, Browser
@@ -136,6 +136,45 @@ def test_a_viewer_lists_filters_and_pages_through_decisions(api: RunningApi) -> 
     )
 
 
+def test_decisions_of_one_part_or_station_are_listed_with_their_station_fields(
+    api: RunningApi,
+) -> None:
+    fleet = mixed_fleet(api.ctx.engine)
+    vic = signed_in(api, "vic")
+    answer = vic.call("GET", "/api/v1/decisions" + q(part_id="P-0000"))
+    assert answer.status == 200, answer.body
+    rows = answer.body["rows"]
+    assert [r["id"] for r in rows] == fleet.expected(parse_filter({"part_id": "P-0000"}))
+    assert [(r["station"], r["part_id"]) for r in rows] == [
+        ("st-b", "P-0000"), ("st-b", "P-0000"), ("st-a", "P-0000"), ("st-a", "P-0000"),
+    ]  # fmt: skip
+    late = next(r for r in fleet.rows if r.deadline_missed)
+    (shown,) = [r for r in rows if r["id"] == late.id]  # n = 1: the first late one
+    assert shown["deadline_missed"] is True
+    assert sum(r["deadline_missed"] for r in rows) == 1
+    st_b = vic.call("GET", "/api/v1/decisions" + q(station="st-b", outcome="reject", limit="500"))
+    assert [r["id"] for r in st_b.body["rows"]] == fleet.expected(
+        parse_filter({"station": "st-b", "outcome": "reject"})
+    )
+    assert st_b.body["rows"]
+    free = vic.call("GET", "/api/v1/decisions" + q(device="d-x9", limit="1")).body["rows"][0]
+    assert (free["station"], free["part_id"], free["deadline_missed"]) == ("", "", False)
+    detail = vic.call("GET", f"/api/v1/decisions/{late.id}").body
+    assert (detail["station"], detail["part_id"], detail["deadline_missed"]) == (
+        late.station,
+        late.part_id,
+        True,
+    )
+    lena = signed_in(api, "lena")
+    status, text, _ = get_text(lena, "/api/v1/decisions/export.csv" + q(part_id="P-0000"))
+    assert status == 200
+    exported = list(csv.DictReader(io.StringIO(text)))
+    assert [(r["id"], r["deadline_missed"]) for r in exported] == [
+        (r["id"], "yes" if r["deadline_missed"] else "no") for r in rows
+    ]
+    assert {r["part_id"] for r in exported} == {"P-0000"}
+
+
 @pytest.mark.parametrize(
     ("query", "param"),
     [
@@ -145,6 +184,9 @@ def test_a_viewer_lists_filters_and_pages_through_decisions(api: RunningApi) -> 
         ({"until": "2025-01-01T00:00:00"}, "until"),
         ({"reviewed": "sometimes"}, "reviewed"),
         ({"outcome": ""}, "outcome"),
+        ({"part_id": ""}, "part_id"),
+        ({"part_id": "P-\x07"}, "part_id"),
+        ({"station": "s" * 201}, "station"),
         ({"limit": "0"}, "limit"),
         ({"limit": "501"}, "limit"),
         ({"lines": "2"}, "lines"),

@@ -50,6 +50,10 @@ def test_the_migration_builds_the_line_expression_indexes(db: Engine) -> None:
         ({"model_version": "1.1.0"}, "ix_decisions_model_version_ts"),
         ({"reviewed": "yes"}, "ix_decision_reviews_decision_ts_decision_id"),
         ({"model_version": "1.1.0", "outcome": "review"}, "ix_decisions_model_version_ts"),
+        ({"part_id": "P-0003"}, "ix_decisions_part_id_ts"),
+        ({"part_id": "P-0003", "device": "d-a1"}, "ix_decisions_part_id_ts"),
+        ({"part_id": "P-0003", "line": "2"}, "ix_decisions_part_id_ts"),
+        ({"part_id": "P-0003", "station": "st-b"}, "ix_decisions_part_id_ts"),
     ],
 )
 def test_each_single_filter_reads_its_own_index(

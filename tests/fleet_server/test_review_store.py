@@ -84,6 +84,16 @@ FILTERS = [
     {"line": "1", "model_version": "1.0.0", "source": "cam0"},
     {"reviewed": "yes", "line": "2", "outcome": "reject"},
     {"device": "d-c1", "line": "1", "since": str(T0 + 50)},
+    {"part_id": "P-0003"},
+    {"part_id": "P-0404"},
+    {"station": "st-b"},
+    {"station": "st-a", "outcome": "reject"},
+    {"part_id": "P-0003", "line": "2"},  # d-b1 writes line 2, d-b2 none (its label: 2)
+    {"part_id": "P-0007", "site": "north"},
+    {"part_id": "P-0007", "device": "d-b2"},
+    {"part_id": "P-0007", "reviewed": "yes"},
+    {"part_id": "P-0008", "station": "st-b", "model_version": "1.0.0"},
+    {"station": "st-b", "line": "2", "since": str(T0 + 100)},
 ]
 
 
@@ -156,6 +166,23 @@ def test_list_rows_carry_the_table_fields_and_the_review(db: Engine) -> None:
         "pass",
         "lena",
     )
+    assert (row.station, row.part_id, row.deadline_missed) == ("", "", False)
+
+
+def test_a_station_decision_lists_with_its_station_fields_and_whole(db: Engine) -> None:
+    fleet = Fleet()
+    fleet.add_device(db, "d1", site="north", line="4")
+    late = decision("d1", T0, station="st-4", part_id="P-77 Ä", deadline_missed=True)
+    store_rows(db, fleet, [late, decision("d1", T0 + 1, station="st-4", part_id="P-78")])
+    (row,) = list_decisions(db, DecisionFilter(part_id="P-77 Ä")).rows
+    assert (row.id, row.station, row.part_id, row.deadline_missed) == (
+        late.id,
+        "st-4",
+        "P-77 Ä",
+        True,
+    )
+    whole = get_decision(db, late.id).summary
+    assert (whole.station, whole.part_id, whole.deadline_missed) == ("st-4", "P-77 Ä", True)
 
 
 def test_a_review_is_stored_with_user_and_time_and_keeps_the_history(db: Engine) -> None:
@@ -309,7 +336,21 @@ def test_csv_export_holds_the_filtered_view_with_the_review_columns(db: Engine) 
         assert out["reviewed"] == ("yes" if src.id in fleet.reviewed else "no")
         assert out["reviewed_outcome"] == fleet.reviewed.get(src.id, "")
         assert out["reviewer"] == ("lena" if src.id in fleet.reviewed else "")
+        assert (out["station"], out["part_id"], out["deadline_missed"]) == (
+            src.station,
+            src.part_id,
+            "yes" if src.deadline_missed else "no",
+        )
+    assert {r["deadline_missed"] for r in rows} == {"yes", "no"}
     assert len(_csv(db, DecisionFilter(), max_rows=120, batch=50)) == 120
+    part = _csv(db, parse_filter({"part_id": "P-0001"}))
+    assert [(r["station"], r["part_id"]) for r in part] == [
+        ("st-b", "P-0001"),
+        ("st-b", "P-0001"),
+        ("st-a", "P-0001"),
+        ("st-a", "P-0001"),
+    ]
+    assert COLUMNS[-3:] == ("station", "part_id", "deadline_missed")
 
 
 def test_export_is_refused_before_it_starts_when_more_rows_match_than_allowed(
@@ -325,7 +366,7 @@ def test_export_is_refused_before_it_starts_when_more_rows_match_than_allowed(
 def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_quoted(db: Engine) -> None:
     fleet = Fleet()
     fleet.add_device(db, "d1", site="=HYPERLINK(1)")
-    row = decision("d1", T0, outcome="-2+3")
+    row = decision("d1", T0, outcome="-2+3", station="st-1", part_id="=1+2")
     store_rows(db, fleet, [row])
     save_review(db, row.id, verdict="override", outcome="@SUM(A1)", note="+1", reviewer="lena")
     (out,) = _csv(db, DecisionFilter())
@@ -335,6 +376,7 @@ def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_quoted(db: Engine) ->
         "'@SUM(A1)",
         "'+1",
     )
+    assert out["part_id"] == "'=1+2"
 
 
 def test_a_deleted_decision_takes_its_reviews_and_their_seqs_are_not_reused(
