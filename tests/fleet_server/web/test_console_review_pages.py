@@ -1,20 +1,24 @@
 """Decision review pages over real HTTP (tests/fleet_server/web/console_http_support.py): the list's
 filters and keyset pages, a viewer refused the review form, a line manager's override
-shown in the decision, the accuracy table and the CSV export, and the decisions' images
+shown in the decision, the accuracy table and the CSV export, the decisions' images
 (thumbnails in the list looked up in one query, the image under the boxes in a decision,
-the empty frame without one)."""
+the empty frame without one), and a part's decisions with their station and a missed
+deadline."""
 
 from __future__ import annotations
 
 import random
 import re
 import time
+import urllib.parse
 from typing import Any
 
 import sqlalchemy as sa
 
+from agent.wire.messages import DecisionRow
 from fleet_server.db import store
 from fleet_server.db.store import DecisionRecord
+from fleet_server.ingest.sqlsink import SqlSink
 from tests.fleet_server.web.console_http_support import Client, Console, first_decision
 from tests.fleet_server.web.console_seed import FEATURED, decision_payload, image_record
 
@@ -145,3 +149,52 @@ def test_a_decision_without_an_image_or_a_frame_size_says_so(console: Console) -
     assert f'<img src="/api/v1/decisions/{decision_id}/image?device={FEATURED}"' in shown
     assert "Frame size unknown" in shown
     assert "frame size unknown" in shown  # in the drawing's description
+
+
+def test_a_parts_decisions_show_station_part_id_and_a_missed_deadline(console: Console) -> None:
+    """Stored through the ingest sink as an agent at a station uploads them: the part id
+    filter lists the part's decisions with their station, a late one badged, and the
+    decision's page says the PLC got the fail-safe result; a part id is text, escaped."""
+    ts = time.time() - 20
+    rng = random.Random(11)
+    part = "P-0042 <b>&"
+    rows = [
+        DecisionRow.model_validate(
+            decision_payload(FEATURED, ts + n, n, outcome, rng)
+            | {"station": "st-3", "part_id": part, "deadline_missed": late}
+        )
+        for n, (outcome, late) in enumerate((("pass", False), ("reject", True)))
+    ]
+    assert SqlSink(console.engine).store_decisions(rows) == 2
+    vic = console.client("vic")
+    everything = vic.get("/ui/decisions")
+    assert re.search(
+        r'<input name="part_id" value="" [^>]*data-testid="part-id-filter"', everything.text
+    )
+    listing = vic.get("/ui/decisions?" + urllib.parse.urlencode({"part_id": part}))
+    assert listing.status == 200, listing.text
+    found = re.findall(r'<tr data-testid="decision-row">(.*?)</tr>', listing.text, re.S)
+    assert len(found) == 2
+    escaped = "P-0042 &lt;b&gt;&amp;"
+    assert part not in listing.text
+    assert f'name="part_id" value="{escaped}"' in listing.text  # the filter as given
+    late_row, on_time_row = found  # newest first
+    for row in found:
+        assert re.search(
+            rf'data-testid="station-part">st-3 · <a href="[^"]+"[^>]*>{escaped}</a>', row
+        )
+    assert "deadline missed</span>" in late_row
+    assert 'data-testid="deadline-missed"' in late_row
+    assert "deadline missed" not in on_time_row
+    assert rows[1].id in late_row
+    shown = vic.get(f"/ui/decisions/{rows[1].id}?device={FEATURED}")
+    assert shown.status == 200, shown.text
+    assert 'data-testid="deadline-missed">deadline missed</span>' in shown.text
+    assert re.search(rf'data-testid="part-id"><a href="[^"]+"[^>]*>{escaped}</a>', shown.text)
+    assert 'data-testid="station">st-3<' in shown.text
+    assert "the PLC got the station's fail-safe result, not reject" in shown.text
+    calm = vic.get(f"/ui/decisions/{rows[0].id}?device={FEATURED}").text
+    assert "deadline missed" not in calm
+    reviews = vic.get("/ui/decisions?outcome=review")  # the seeded, free-running ones
+    free = vic.get(f"/ui/decisions/{first_decision(reviews)}").text
+    assert "free-running, no PLC trigger" in free
