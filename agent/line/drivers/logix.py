@@ -226,8 +226,8 @@ class LogixDriver(Driver):
         # pylogix connects on its first request; connect now so that open() reports it.
         ok, status = self._call(plc.conn.connect)
         if not ok:
-            self.close()
             reason = self._failure_reason(_status_text(status))
+            self.close()
             raise LineError(self.config.name, reason, f"connect: {_status_text(status)}")
 
     def close(self) -> None:
@@ -296,7 +296,9 @@ class LogixDriver(Driver):
                 self._check(response.Status, name, "write")
         for point, tag, _ in items:
             self._check_type(point, tag, plc)
-        batch = [(t.tag, v, plc.KnownTags[t.base][0]) for _, t, v in items]
+        # Every tag's type is known now, so pylogix writes each as the controller holds
+        # it (given a type, it would forget the STRING sizes it learned).
+        batch = [(t.tag, v) for _, t, v in items]
         head, last = batch[:-1], batch[-1]
         if head:
             if self.cfg.micro800:  # no Multiple Service Packet: one request each
@@ -419,7 +421,7 @@ class LogixDriver(Driver):
                 )
         return value
 
-    def _write_checked(self, plc: PLC, batch: list[tuple[str, Any, int]]) -> None:
+    def _write_checked(self, plc: PLC, batch: list[tuple[str, Any]]) -> None:
         responses = _as_list(self._call(lambda: plc.Write(batch)))
         if len(responses) < len(batch):
             raise LineError(
@@ -427,7 +429,7 @@ class LogixDriver(Driver):
                 "protocol",
                 f"wrote {len(batch)} tags, got {len(responses)} answers",
             )
-        for (name, _, _), response in zip(batch, responses, strict=False):
+        for (name, _), response in zip(batch, responses, strict=False):
             self._check(response.Status, name, "write")
 
 
