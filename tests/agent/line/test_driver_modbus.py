@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -171,6 +172,17 @@ def test_only_coils_and_holding_registers_are_writable() -> None:
     assert writable(pt("hr:1", "uint16"))
     assert not writable(pt("di:1", "bool"))
     assert not writable(pt("ir:1", "uint16"))
+
+
+def test_parse_point_loads_no_protocol_library() -> None:
+    """check-config parses addresses on devices that may lack pymodbus."""
+    code = (
+        "import sys\n"
+        "from agent.line.points import parse_point\n"
+        "parse_point('modbus', 'hr:10', 'int16')\n"
+        "assert 'pymodbus' not in sys.modules, sorted(m for m in sys.modules if 'pymodbus' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_registry_finds_the_driver() -> None:

@@ -14,6 +14,7 @@ import selectors
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -240,6 +241,17 @@ def test_payloads_are_read_as_the_points_type(vtype: str, payload: bytes, value:
 def test_payloads_not_of_the_points_type_are_refused(vtype: str, payload: bytes, says: str) -> None:
     with pytest.raises(ValueMismatch, match=re.escape(says)):
         parse_payload(pt("line/x", vtype), payload)
+
+
+def test_parse_point_loads_no_protocol_library() -> None:
+    """check-config parses addresses on devices that may lack paho."""
+    code = (
+        "import sys\n"
+        "from agent.line.points import parse_point\n"
+        "parse_point('mqtt', 'line/trigger', 'int16')\n"
+        "assert 'paho' not in sys.modules, sorted(m for m in sys.modules if 'paho' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_registry_finds_the_driver() -> None:

@@ -7,6 +7,8 @@ pinned certificate, nothing listening, a stalled server, a session that died).""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -161,6 +163,17 @@ def test_parse_point_refuses_bad_addresses_saying_what_is_wrong(address: str, sa
 def test_parse_point_refuses_an_unknown_type() -> None:
     with pytest.raises(ValueError, match="unknown value type"):
         parse_point("ns=2;s=X", "int8")  # type: ignore[arg-type]
+
+
+def test_parse_point_loads_no_protocol_library() -> None:
+    """check-config parses addresses on devices that may lack asyncua."""
+    code = (
+        "import sys\n"
+        "from agent.line.points import parse_point\n"
+        "parse_point('opcua', 'ns=2;s=Trigger', 'int16')\n"
+        "assert 'asyncua' not in sys.modules, sorted(m for m in sys.modules if 'asyncua' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_registry_finds_the_driver() -> None:
