@@ -2,9 +2,11 @@
 
 Addresses are OPC UA node ids in their string form (``ns=2;s=Station1.Trigger``,
 ``ns=2;i=5``, ``i=85``, ``nsu=urn:acme:plc;s=Trigger``, ``ns=1;g=<guid>``,
-``ns=1;b=<base64>``); :func:`parse_point` checks the syntax by hand (no asyncua on a
-device that only checks its configuration), asyncua parses them again when used, and an
-``nsu=`` id is resolved against the server's namespace array read at connect.
+``ns=1;b=<base64>``); :func:`parse_point` (:mod:`agent.line.drivers.opcua_address`)
+checks the syntax by hand (no asyncua on a device that only checks its configuration),
+asyncua parses them again when used, and an ``nsu=`` id is resolved against the
+server's namespace array read at connect. The certificate files are read by
+:mod:`agent.line.drivers.opcua_certs`.
 
 - Security: policy Basic256Sha256 with mode Sign or SignAndEncrypt, the agent's
   application certificate and key from the configured files, the server's certificate
@@ -34,51 +36,33 @@ BadNotWritable: ``denied``, BadNodeIdUnknown: ``bad_node``, BadTypeMismatch:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
-import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
 from agent.kernel.secrets import read_secret
+from agent.line.drivers import opcua_certs as certs
 from agent.line.drivers.base import AsyncRunner, Driver, Point, wrap
 from agent.line.drivers.configs import OpcUaLinkConfig
+from agent.line.drivers.opcua_address import VARIANT_NAMES, parse_point
 from agent.line.errors import LineError
-from agent.line.values import MAX_STRING_BYTES, VALUE_TYPES, ValueMismatch, ValueType, coerce
+from agent.line.values import MAX_STRING_BYTES, ValueMismatch, coerce
 
 if TYPE_CHECKING:
     from asyncua import ua
     from asyncua.client.client import Client
     from asyncua.common.subscription import DataChangeNotif
 
+__all__ = ["KEY", "STATUS_REASONS", "VARIANT_NAMES", "OpcUaDriver", "parse_point", "value_of"]
+
 log = logging.getLogger(__name__)
 
 KEY = "opcua"
-MAX_ADDRESS_CHARS = 256
-"""The longest node id accepted (a station's point is at most this long too)."""
-MAX_FILE_BYTES = 64 * 1024
-"""A certificate or key file larger than this is refused before it is parsed."""
 CLOSE_TIMEOUT_S = 2.0
 MIN_SESSION_TIMEOUT_S = 30.0
-
-VARIANT_NAMES: dict[str, str] = {
-    "bool": "Boolean",
-    "int16": "Int16",
-    "uint16": "UInt16",
-    "int32": "Int32",
-    "uint32": "UInt32",
-    "int64": "Int64",
-    "float32": "Float",
-    "float64": "Double",
-    "string": "String",
-}
-"""The OPC UA built-in type (``ua.VariantType`` name) of each value type."""
 
 STATUS_REASONS: dict[str, str] = {
     "BadUserAccessDenied": "denied",
@@ -115,73 +99,6 @@ STATUS_REASONS: dict[str, str] = {
     "BadMaxConnectionsReached": "refused",
 }
 """Reason word of each status code a PLC may answer (the rest: ``protocol``)."""
-
-_GUID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
-_UINT32_MAX = (1 << 32) - 1
-
-
-def parse_point(address: str, vtype: ValueType) -> Point:
-    """``address`` as an OPC UA node id for a value of ``vtype`` (the syntax only: whether
-    the node exists and holds that type is the server's to say).
-
-    Raises:
-        ValueError: not a node id (what is wrong is named), too long, or not a value type.
-    """
-    if vtype not in VALUE_TYPES:
-        raise ValueError(f"unknown value type {vtype!r} (known: {', '.join(VALUE_TYPES)})")
-    if not address:
-        raise ValueError("an OPC UA node id can't be empty")
-    if len(address) > MAX_ADDRESS_CHARS:
-        raise ValueError(f"an OPC UA node id is at most {MAX_ADDRESS_CHARS} characters")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in address):
-        raise ValueError(f"OPC UA node id {address!r} contains a control character")
-    rest = address
-    if address.startswith("ns="):
-        ns, sep, rest = address[3:].partition(";")
-        if not sep or not ns.isdigit() or len(ns) > 5 or int(ns) > 0xFFFF:
-            raise ValueError(
-                f"OPC UA node id {address!r}: `ns=` takes a namespace index 0..65535 "
-                "followed by `;` (`ns=2;s=Name`)"
-            )
-    elif address.startswith("nsu="):
-        uri, sep, rest = address[4:].partition(";")
-        if not sep or not uri.strip():
-            raise ValueError(
-                f"OPC UA node id {address!r}: `nsu=` takes a namespace URI followed by `;` "
-                "(`nsu=urn:acme:plc;s=Name`)"
-            )
-    _check_identifier(address, rest)
-    return Point(address, vtype, address)
-
-
-def _check_identifier(address: str, ident: str) -> None:
-    kind, sep, value = ident.partition("=")
-    if not sep or kind not in ("i", "s", "g", "b"):
-        raise ValueError(
-            f"OPC UA node id {address!r}: the identifier must be `i=<number>`, `s=<name>`, "
-            "`g=<guid>` or `b=<base64>`"
-        )
-    if kind == "i":
-        if not value.isdigit() or len(value) > 10 or int(value) > _UINT32_MAX:
-            raise ValueError(f"OPC UA node id {address!r}: `i=` takes a number 0..{_UINT32_MAX}")
-    elif kind == "s":
-        if not value:
-            raise ValueError(f"OPC UA node id {address!r}: `s=` takes a non-empty name")
-    elif kind == "g":
-        if not _GUID.fullmatch(value):
-            raise ValueError(
-                f"OPC UA node id {address!r}: `g=` takes a GUID "
-                "(`72962B91-FA75-4AE6-8D28-B404DC7DAF63`)"
-            )
-    elif not value or value.startswith("0x"):
-        raise ValueError(f"OPC UA node id {address!r}: `b=` takes a base64 byte string")
-    else:
-        try:
-            base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(
-                f"OPC UA node id {address!r}: `b=` takes a base64 byte string"
-            ) from None
 
 
 class OpcUaDriver(Driver):
@@ -290,13 +207,13 @@ class OpcUaDriver(Driver):
             if self.settings.security == "sign_and_encrypt"
             else ua.MessageSecurityMode.Sign
         )
-        client.application_uri = _application_uri(cert) or client.application_uri
+        client.application_uri = certs.application_uri(cert) or client.application_uri
         pinned = None
         if server_cert is not None:
-            want = _certificate(server_cert, self.settings.name)
+            want = certs.load_certificate(server_cert, self.settings.name)
             endpoints = await client.connect_and_get_server_endpoints()
             endpoint = Client.find_endpoint(endpoints, mode, SecurityPolicyBasic256Sha256.URI)
-            offered = _first_certificate(endpoint.ServerCertificate)
+            offered = certs.first_certificate(endpoint.ServerCertificate)
             if offered is None or offered.fingerprint(hashes.SHA256()) != want.fingerprint(
                 hashes.SHA256()
             ):
@@ -304,13 +221,13 @@ class OpcUaDriver(Driver):
                     self.settings.name,
                     "denied",
                     "the server's certificate is not the pinned one "
-                    f"(offered {_fingerprint(offered)}, pinned {_fingerprint(want)})",
+                    f"(offered {certs.fingerprint(offered)}, pinned {certs.fingerprint(want)})",
                 )
             pinned = CertProperties(want.public_bytes(serialization.Encoding.DER), "der")
         await client.set_security(
             SecurityPolicyBasic256Sha256,
-            CertProperties(cert, _format(cert)),
-            CertProperties(key, _format(key)),
+            CertProperties(cert, certs.pem_or_der(cert)),
+            CertProperties(key, certs.pem_or_der(key)),
             server_certificate=pinned,
             mode=mode,
         )
@@ -343,20 +260,14 @@ class OpcUaDriver(Driver):
             raise LineError(
                 c.name, "denied", f"security {c.security} needs `certificate` and `private_key`"
             )
-        server = None if c.server_certificate is None else self._file(c.server_certificate)
-        return self._file(c.certificate), self._file(c.private_key), server
-
-    def _file(self, path: Path) -> bytes:
-        try:
-            with path.open("rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            raise LineError(
-                self.settings.name, "denied", f"can't read {path}: {exc.strerror}"
-            ) from exc
-        if len(data) > MAX_FILE_BYTES:
-            raise LineError(self.settings.name, "denied", f"{path} is over {MAX_FILE_BYTES} bytes")
-        return data
+        server = (
+            None if c.server_certificate is None else certs.read_file(c.server_certificate, c.name)
+        )
+        return (
+            certs.read_file(c.certificate, c.name),
+            certs.read_file(c.private_key, c.name),
+            server,
+        )
 
     # -- reading and writing -----------------------------------------------------------
 
@@ -645,57 +556,3 @@ async def _abandon(client: Client | None) -> None:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S / 2)
-
-
-def _format(data: bytes) -> str:
-    return "pem" if data.lstrip().startswith(b"-----BEGIN") else "der"
-
-
-def _certificate(data: bytes, link: str) -> x509.Certificate:
-    """``data`` (PEM or DER) as an X.509 certificate.
-
-    Raises:
-        LineError: ``denied``: not a certificate.
-    """
-    try:
-        if _format(data) == "pem":
-            return x509.load_pem_x509_certificate(data)
-        return x509.load_der_x509_certificate(data)
-    except ValueError as exc:
-        raise LineError(
-            link, "denied", f"the pinned server certificate can't be read: {exc}"
-        ) from exc
-
-
-def _first_certificate(der: bytes | None) -> x509.Certificate | None:
-    """The first certificate of a DER chain (an endpoint may send its chain), or None."""
-    if not der or len(der) < 2 or der[0] != 0x30:
-        return None
-    size, head = der[1], 2
-    if size & 0x80:
-        count = size & 0x7F
-        size, head = int.from_bytes(der[2 : 2 + count], "big"), 2 + count
-    try:
-        return x509.load_der_x509_certificate(der[: head + size])
-    except ValueError:
-        return None
-
-
-def _fingerprint(cert: x509.Certificate | None) -> str:
-    return "none" if cert is None else "sha256:" + cert.fingerprint(hashes.SHA256()).hex()[:16]
-
-
-def _application_uri(cert: bytes) -> str | None:
-    """The URI in the certificate's subject alternative name (the application URI a
-    server expects the client to claim), if any."""
-    try:
-        parsed = (
-            x509.load_pem_x509_certificate(cert)
-            if _format(cert) == "pem"
-            else x509.load_der_x509_certificate(cert)
-        )
-        san = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except (ValueError, x509.ExtensionNotFound):
-        return None
-    uris = san.value.get_values_for_type(x509.UniformResourceIdentifier)
-    return uris[0] if uris else None
