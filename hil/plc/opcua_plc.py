@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from agent.line.drivers.base import AsyncRunner
-from agent.line.drivers.opcua import VARIANT_NAMES
+from agent.line.drivers.opcua_address import VARIANT_NAMES
 from agent.line.values import VALUE_TYPES
 from hil.loopback import free_port
 
