@@ -61,6 +61,7 @@ def schedule(role: str, config: AgentConfig) -> str:
     setting the system refuses, such as a negative niceness without CAP_SYS_NICE, is
     logged and left)."""
     from runtime.profiles import load_profile  # noqa: PLC0415 - only the children need it
+    from runtime.profiles.schema import keep_cores_for_workers  # noqa: PLC0415
 
     procs = load_profile(config.agent.profile).processes
     nice = procs.hotpath_nice if role == "hotpath" else procs.companion_nice
@@ -72,6 +73,16 @@ def schedule(role: str, config: AgentConfig) -> str:
         applied.append(f"nice {nice}")
     except OSError as exc:
         log.warning("%s: niceness %d not applied: %s", role, nice, exc)
+    if role == "hotpath":
+        profile = load_profile(config.agent.profile)
+        cores = profile.hotpath_cpus()
+        if cores and hasattr(os, "sched_setaffinity"):
+            try:  # before any thread starts: they all inherit it; workers pin themselves
+                keep_cores_for_workers(set(os.sched_getaffinity(0)))
+                os.sched_setaffinity(0, cores)
+                applied.append(f"cores {','.join(map(str, sorted(cores)))}")
+            except OSError as exc:
+                log.warning("hotpath: cores %s not reserved: %s", sorted(cores), exc)
     if role == "companion":
         name = _POLICIES[procs.companion_sched]
         policy = getattr(os, name, None)

@@ -20,6 +20,10 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
 - ``decode`` (:mod:`~hil.bench.decode`): decode cost per camera stream (H.264, H.265,
   720p, 1080p): CPU per frame and the cameras whose decoding fills the cores.
 
+- ``line`` (:mod:`~hil.bench.line`, its PLCs in :mod:`~hil.bench.line_plcs`): a station
+  triggered by a simulated OPC UA or Modbus PLC; trigger -> result as the PLC sees it
+  against the bare model, deadlines, overruns and the agent's CPU per decision.
+
 The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
 """
 
@@ -31,5 +35,6 @@ BENCHES = {
     "restart": "hil.bench.restart",
     "retention": "hil.bench.retention",
     "decode": "hil.bench.decode",
+    "line": "hil.bench.line",
 }
 """``hil bench`` name -> the module whose ``main(argv)`` runs it."""

@@ -118,6 +118,17 @@ class ProcessesConfig(BaseModel):
             "and cameras take to start, not a new interpreter's too."
         ),
     )
+    hotpath_core: Literal["shared", "reserved"] = Field(
+        default="shared",
+        description=(
+            '"reserved": the hot path\'s own threads (capture, pipeline feeders and '
+            "deciders, stations, PLC links, the decision-log writer) get cores no worker "
+            'holds, so a station\'s deadline does not wait for one: with cores = "all" '
+            "and more than two cores, the first (the workers get the rest); with a list, "
+            'the cores the list leaves out. "shared": the hot path\'s threads float '
+            "over every core."
+        ),
+    )
     companion_sched: Literal["other", "batch", "idle"] = Field(
         default="batch",
         description=(
@@ -372,6 +383,8 @@ class Profile(BaseModel):
             available: the cores this process may use; by default
                 ``os.sched_getaffinity(0)``.
 
+        With ``[processes] hotpath_core = "reserved"`` and more than two cores, the first
+        is left out (it is the hot path's, :meth:`hotpath_cpu`).
         ``"all"`` gives every available core, sorted. An explicit list keeps its order
         and drops the cores that are not available, with a warning; if none is left
         (a 12-core profile on a 2-core test machine) every available core is used,
@@ -381,6 +394,29 @@ class Profile(BaseModel):
             ValueError: ``available`` is empty.
         """
         return self._resolve_cores(available, warn=True)
+
+    def hotpath_cpus(self, available: set[int] | None = None) -> set[int] | None:
+        """The cores kept for the hot path's own threads with ``[processes] hotpath_core
+        = "reserved"``: with ``cores = "all"`` and more than two cores, the first one
+        (the workers get the rest); with a list of cores, the available ones the list
+        leaves out (capture's and the system's). None: nothing reserved.
+
+        Raises:
+            ValueError: ``available`` is empty.
+        """
+        if self.processes.hotpath_core != "reserved":
+            return None
+        have = _available_cores() if available is None else set(available)
+        if not have:
+            raise ValueError("no CPU cores are available to this process")
+        if self.cores == "all":
+            cores = sorted(have)
+            return {cores[0]} if self._reserves(cores) else None
+        left = have - set(self._all_cores(have, warn=False))
+        return left or None
+
+    def _reserves(self, cores: list[int]) -> bool:
+        return self.cores == "all" and self.processes.hotpath_core == "reserved" and len(cores) > 2
 
     def resolve_workers(self, available: set[int] | None = None) -> int:
         """The number of workers on this device: one per resolved core for ``"auto"``,
@@ -405,6 +441,10 @@ class Profile(BaseModel):
         return self.workers
 
     def _resolve_cores(self, available: set[int] | None, *, warn: bool) -> list[int]:
+        cores = self._all_cores(available, warn=warn)
+        return cores[1:] if self._reserves(cores) else cores
+
+    def _all_cores(self, available: set[int] | None, *, warn: bool) -> list[int]:
         have = _available_cores() if available is None else set(available)
         if not have:
             raise ValueError("no CPU cores are available to this process")
@@ -433,7 +473,20 @@ class Profile(BaseModel):
         return kept
 
 
+_workers_may_use: set[int] | None = None
+
+
+def keep_cores_for_workers(cores: set[int]) -> None:
+    """Resolve workers' cores from ``cores`` in this process from now on, not from its own
+    affinity: the hot path narrows its affinity to its reserved core
+    (``hotpath_core = "reserved"``) and still hands the other cores to its workers."""
+    global _workers_may_use  # noqa: PLW0603 - one fact per process, set once at its start
+    _workers_may_use = set(cores)
+
+
 def _available_cores() -> set[int]:
+    if _workers_may_use is not None:
+        return set(_workers_may_use)
     if hasattr(os, "sched_getaffinity"):
         return set(os.sched_getaffinity(0))
     return set(range(os.cpu_count() or 1))  # pragma: no cover - not Linux

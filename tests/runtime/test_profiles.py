@@ -400,3 +400,24 @@ def test_profile_schema_documents_every_field() -> None:
 
     undocumented = [key for key, spec in schema["properties"].items() if "description" not in spec]
     assert undocumented == []
+
+
+def test_a_reserved_hotpath_core_is_left_out_of_the_workers_only_past_two_cores() -> None:
+    x86 = load_profile("x86-gateway")
+    assert x86.processes.hotpath_core == "reserved"
+    assert x86.hotpath_cpus({0, 1, 2, 3}) == {0}
+    assert x86.resolve_cores({0, 1, 2, 3}) == [1, 2, 3]
+    assert x86.resolve_workers({0, 1, 2, 3}) == 3
+    # two cores: both run workers, the hot path floats (no core to spare)
+    assert x86.hotpath_cpus({0, 1}) is None
+    assert x86.resolve_cores({0, 1}) == [0, 1]
+
+
+def test_a_listed_profile_reserves_the_cores_its_list_leaves_out() -> None:
+    jetson = load_profile("jetson-orin")
+    assert jetson.hotpath_cpus(set(range(6))) == {0, 1}
+    assert jetson.resolve_cores(set(range(6))) == [2, 3, 4, 5]
+    shared = jetson.model_copy(
+        update={"processes": jetson.processes.model_copy(update={"hotpath_core": "shared"})}
+    )
+    assert shared.hotpath_cpus(set(range(6))) is None
