@@ -28,7 +28,7 @@ from agent.kernel.errors import ConfigError
 from agent.kernel.toml import MAX_CONFIG_BYTES, load_toml_file
 from agent.line.config import InputConfig, OutputConfig, StationConfig
 from agent.line.drivers.configs import PlcConfig
-from agent.line.points import parse_point
+from agent.line.points import parse_point, writable
 from agent.line.servers.config import ModbusServerConfig, OpcUaServerConfig
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
@@ -385,9 +385,14 @@ def _check_stations(cfg: AgentConfig, path: str) -> None:
             if point is None:
                 continue
             try:
-                parse_point(link.driver, point.point, point.type)
+                parsed = parse_point(link.driver, point.point, point.type)
             except ValueError as exc:
                 raise ConfigError(path, f"{where}.{field}.point", str(exc)) from None
+            if isinstance(point, OutputConfig) and not writable(link.driver, parsed):
+                why = (
+                    f"{point.point!r} is read only on a {link.driver} PLC: an output can't go there"
+                )
+                raise ConfigError(path, f"{where}.{field}.point", why)
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:

@@ -24,3 +24,11 @@ def parse_point(driver: str, address: str, vtype: ValueType) -> Point:
     module = importlib.import_module(module_name)
     point: Point = module.parse_point(address, vtype)
     return point
+
+
+def writable(driver: str, point: Point) -> bool:
+    """Whether ``driver`` can write ``point`` (a Modbus discrete input or input register
+    can't); a driver without a ``writable`` function writes every address it parses."""
+    module_name, _ = DRIVERS[driver]
+    check = getattr(importlib.import_module(module_name), "writable", None)
+    return True if check is None else bool(check(point))

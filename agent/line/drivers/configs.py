@@ -52,11 +52,6 @@ class OpcUaLinkConfig(LinkConfig):
     keepalive_s: float = Field(
         5.0, gt=0, le=3600, description="Read the server's state this often while idle."
     )
-    namespace_uri: str | None = Field(
-        None,
-        max_length=512,
-        description="Resolve `nsu=` node ids against this namespace (default: as written).",
-    )
 
     @model_validator(mode="after")
     def _check(self) -> OpcUaLinkConfig:

@@ -27,9 +27,11 @@ registers are in address order whatever it is. Values go through pymodbus's own
 Reads: points of one area whose registers (or bits) touch or overlap are read with one
 request, up to the protocol's limits (125 registers, 2000 bits); the rest one request
 each. Only configured addresses are asked for, so a PLC with gaps in its map never sees a
-request for an address it lacks. Writes: one request per point, in the order given
-(coil: function 5; one register: 6; more: 16), so a station's result-valid flag, listed
-last, is written last.
+request for an address it lacks. Writes, in the order given: holding registers that follow
+one another without a gap go in one request (function 16: a station's outcome code,
+status and sequence number in one round trip instead of three), other points one request
+each (coil: function 5; one register: 6), and the last point given always in a request of
+its own, so a station's result-valid flag, listed last, is written after the rest.
 
 Exceptions the PLC answers: 2 IllegalAddress -> ``bad_node``, 3 IllegalValue ->
 ``type_mismatch``, any other -> ``protocol``.
@@ -341,14 +343,14 @@ class ModbusDriver(Driver):
         self, client: AsyncModbusTcpClient, encoded: list[tuple[Point, Address, list[int]]]
     ) -> None:
         unit = self.settings.unit_id
-        for point, addr, words in encoded:
+        for names, addr, words in _write_runs(encoded):
             if addr.area == "coil":
                 reply = await client.write_coil(addr.start, bool(words[0]), device_id=unit)
             elif len(words) == 1:
                 reply = await client.write_register(addr.start, words[0], device_id=unit)
             else:
                 reply = await client.write_registers(addr.start, words, device_id=unit)
-            self._check(reply, point.address)
+            self._check(reply, names)
 
     # -- values ------------------------------------------------------------------------
 
@@ -467,6 +469,31 @@ def _address(point: Point) -> Address:
 def _name(span: Address) -> str:
     last = span.end - 1
     return f"{span.area}:{span.start}" + (f"..{last}" if last > span.start else "")
+
+
+MAX_WRITE_REGISTERS = 123
+"""The most registers one Write Multiple Registers request carries (function 16)."""
+
+
+def _write_runs(
+    encoded: list[tuple[Point, Address, list[int]]],
+) -> list[tuple[str, Address, list[int]]]:
+    """The writes as requests, in order: holding registers that follow one another
+    without a gap go in one request (function 16, at most :data:`MAX_WRITE_REGISTERS`);
+    the last point given (a station's result-valid flag) always goes alone, after the
+    rest; coils one each. Each run's points' addresses, joined, name it in errors."""
+    runs: list[tuple[str, Address, list[int]]] = []
+    last = len(encoded) - 1
+    for i, (point, addr, words) in enumerate(encoded):
+        if runs and i != last and addr.area == "hr":
+            names, prev, prev_words = runs[-1]
+            joins = prev.area == "hr" and prev.start + len(prev_words) == addr.start
+            if joins and len(prev_words) + len(words) <= MAX_WRITE_REGISTERS:
+                merged = Address("hr", prev.start, len(prev_words) + len(words))
+                runs[-1] = (f"{names}, {point.address}", merged, prev_words + words)
+                continue
+        runs.append((point.address, addr, list(words)))
+    return runs
 
 
 def _spans(addresses: list[Address]) -> list[Address]:

@@ -389,3 +389,27 @@ def test_close_ends_the_loop_thread(plc: ModbusPlc, drivers: Callable[..., Modbu
     d.close()
     assert wait_until(lambda: not any(t.name == "line-press1-loop" for t in threading.enumerate()))
     assert reason_of(lambda: d.read([pt("hr:0", "int16")])).reason == "disconnected"
+
+
+def test_adjacent_holding_registers_go_in_one_request_and_the_last_point_alone() -> None:
+    from agent.line.drivers.modbus import _address, _write_runs, parse_point
+
+    points = [
+        parse_point("hr:20", "int16"),
+        parse_point("hr:21", "uint16"),
+        parse_point("hr:22", "uint32"),
+        parse_point("hr:30", "uint16"),
+        parse_point("coil:0", "bool"),
+        parse_point("hr:31", "uint16"),
+    ]
+    encoded = [(p, _address(p), [i] * _address(p).count) for i, p in enumerate(points)]
+    runs = [(names, a.area, a.start, a.count) for names, a, _ in _write_runs(encoded)]
+    assert runs == [
+        ("hr:20, hr:21, hr:22", "hr", 20, 4),
+        ("hr:30", "hr", 30, 1),
+        ("coil:0", "coil", 0, 1),
+        ("hr:31", "hr", 31, 1),  # the last point (result valid) alone, though adjacent
+    ]
+    flag = parse_point("hr:24", "uint16")  # adjacent to hr:22's two registers
+    runs_flag = _write_runs([*encoded[:3], (flag, _address(flag), [1])])
+    assert [n for n, _, _ in runs_flag] == ["hr:20, hr:21, hr:22", "hr:24"]
