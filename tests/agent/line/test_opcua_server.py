@@ -53,12 +53,15 @@ class Agent:
             self.selected: list[tuple[str, str]] = []
             self.commands: list[tuple[str, str]] = []
             self.accept_trigger = True
+            self.slow_s = 0.0
             self.active = "a-1"
 
     def on_trigger(self, station: str) -> bool:
         with self.lock:
             self.triggers.append(station)
-            return self.accept_trigger
+            accept, slow_s = self.accept_trigger, self.slow_s
+        time.sleep(slow_s)
+        return accept
 
     def recipes(self, station: str) -> list[Recipe]:
         with self.lock:
@@ -105,6 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, agent: Agent) -> Iterator[V
         allow_anonymous_read=True,
         namespace_uri=OWN,
         recipe_refresh_s=0.5,
+        callback_timeout_s=1.0,
     )
     srv = VisionServer(
         config,
@@ -542,6 +546,115 @@ async def _insecure_session(endpoint: str, password: str | None) -> str:
         return "activated"
     finally:
         client.disconnect_socket()
+
+
+def test_results_are_found_by_id_and_by_filter(server: VisionServer, pki: Path) -> None:
+    before = server.stats()["results_published"]
+    for seq, part in ((301, "FIND-A"), (302, "FIND-B"), (303, "FIND-A")):
+        server.on_result(_result("st2", seq, part_id=part))
+    _wait_stat(server, "results_published", before + 3)
+    management = ["own:st2", "mv:ResultManagement"]
+    timeout = {"type": "Int32", "value": 1000}
+    by_filter: list[dict[str, Any]] = [
+        {"type": "Int32", "value": 0},  # any ResultState
+        NULL,
+        _ext("mv:i=3004", id="FIND-A"),  # PartId
+        *[NULL] * 6,
+        {"type": "UInt32", "value": 0},
+        {"type": "UInt32", "value": 0},
+        timeout,
+    ]
+    steps = [
+        {
+            "op": "call",
+            "object": management,
+            "method": ["mv:GetResultById"],
+            "args": [_ext("mv:i=3021", id="dec-st2-302"), timeout],
+        },
+        {
+            "op": "call",
+            "object": management,
+            "method": ["mv:GetResultComponentsById"],
+            "args": [_ext("mv:i=3021", id="dec-st2-301"), timeout],
+        },
+        {
+            "op": "call",
+            "object": management,
+            "method": ["mv:GetResultListFiltered"],
+            "args": by_filter,
+        },
+        {
+            "op": "call",
+            "object": management,
+            "method": ["mv:GetResultById"],
+            "args": [_ext("mv:i=3021", id="no-such-result"), timeout],
+        },
+        {"op": "call", "object": management, "method": ["mv:GetResultById"], "args": [timeout]},
+    ]
+    by_id, components, listed, missing, short = _ok(
+        run_client(_plan(server, pki, steps, **_operator()))
+    )
+    assert by_id["status"] == "Good", by_id
+    _handle, result, error = by_id["outputs"]
+    assert (result["resultId"]["id"], result["partId"]["id"], error) == ("dec-st2-302", "FIND-B", 0)
+    assert components["status"] == "Good", components
+    assert components["outputs"][6]["id"] == "FIND-A"  # PartId
+    assert components["outputs"][12]["id"] == "st2/trigger/301"  # JobId
+    assert components["outputs"][-1] == 0
+    assert listed["status"] == "Good", listed
+    complete, count, _handle, results, error = listed["outputs"]
+    assert (complete, count, error) == (True, 2, 0)
+    assert [r["resultId"]["id"] for r in results] == ["dec-st2-303", "dec-st2-301"]  # newest first
+    assert missing["status"] == "BadNotFound"
+    assert short["status"] == "BadArgumentsMissing"
+
+
+def test_a_recipe_object_prepares_itself_and_unprepare_is_refused(
+    server: VisionServer, pki: Path, fresh: Agent
+) -> None:
+    _set_state(server, "st1", "Ready")
+    recipes = ["own:st1", *RECIPES, "mv:Recipes"]
+    steps = [
+        {"op": "call", "object": [*recipes, "own:b-2"], "method": ["mv:Prepare"], "args": []},
+        {"op": "call", "object": [*recipes, "own:b-2"], "method": ["mv:Unprepare"], "args": []},
+        {"op": "call", "object": [*recipes, "own:a-1"], "method": ["mv:Unprepare"], "args": []},
+    ]
+    prepare, unprepare, not_prepared = _ok(run_client(_plan(server, pki, steps, **_operator())))
+    assert prepare["status"] == "Good", prepare
+    assert prepare["outputs"] == [True, 0]
+    assert fresh.selected == [("st1", "b-2")]
+    assert unprepare["status"] == "BadNotSupported"  # the station always has one prepared
+    assert not_prepared["status"] == "BadInvalidState"
+
+
+def test_a_slow_agent_answers_bad_timeout_and_unsupported_methods_say_so(
+    server: VisionServer, pki: Path, fresh: Agent
+) -> None:
+    _set_state(server, "st2", "Ready")
+    fresh.slow_s = 2.0  # callback_timeout_s is 1 s
+    job = {
+        "op": "call",
+        "object": ["own:st2", *AUTO],
+        "method": ["mv:StartSingleJob"],
+        "args": [NULL, NULL, NULL, NULL, {"type": "ext-array"}],
+    }
+    continuous = {**job, "method": ["mv:StartContinuous"]}
+    stop = {"op": "call", "object": ["own:st2", *AUTO], "method": ["mv:Stop"], "args": CAUSE}
+    wrong_type = {
+        "op": "call",
+        "object": ["own:st2", *AUTO],
+        "method": ["mv:StartSingleJob"],
+        "args": [_ext("mv:i=3004", id="a part id where a MeasId goes"), NULL, NULL, NULL, NULL],
+    }
+    timeouts = server.stats()["callback_timeouts"]
+    slow, cont, stopped, mistyped = _ok(
+        run_client(_plan(server, pki, [job, continuous, stop, wrong_type], **_operator()))
+    )
+    assert slow["status"] == "BadTimeout"
+    assert server.stats()["callback_timeouts"] == timeouts + 1
+    assert cont["status"] == "BadNotSupported"
+    assert stopped["status"] == "BadInvalidState"  # nothing is executing
+    assert mistyped["status"] == "BadTypeMismatch"
 
 
 def test_a_missing_node_set_is_a_clear_error(tmp_path: Path) -> None:
