@@ -35,6 +35,7 @@ from agent.installer.checks import measure_in_pool
 from agent.installer.errors import InstallError
 from agent.kernel.bundle import load_bundle
 from agent.kernel.errors import BundleError
+from agent.line.recipes import Recipes
 from agent.line.service import LineService
 from agent.metrics import AgentMetrics
 from agent.pipeline.runner import Decision
@@ -158,6 +159,7 @@ class HotPath:
         )
         self._stop = threading.Event()
         self._gauges = GaugeThread(self.update_gauges, self._stop)
+        self.line.recipes = Recipes(config, self.installer, self.reload_if_changed)
         self.started_at = 0.0
         self.boot = secrets.token_hex(8)
         """Differs on every start: the companion tells a restart by it."""

@@ -135,6 +135,28 @@ class Handshake:
             self._finish(now_ns, fx)
         return fx
 
+    def refuse(self, part_id: str, t_ns: int, wall_time: float) -> Effects:
+        """A trigger the station can't take (it is halted): answered at once with the
+        fail-safe result, status ``error`` (after the current one, in order, if busy)."""
+        fx = Effects()
+        trig = self._new(t_ns, wall_time, part_id)
+        if self.state == "busy":
+            self._overrun(trig, fx)
+            return fx
+        self._answer(trig, "error", Answer(self.fail_safe), t_ns, fx)
+        self.state = "valid"
+        return fx
+
+    def abort(self, now_ns: int) -> Effects:
+        """Give up the current trigger now: the fail-safe result, status ``error`` (its
+        decision, when it comes, is logged marked deadline_missed)."""
+        fx = Effects()
+        trig = self.current
+        if self.state == "busy" and trig is not None:
+            self._answer(trig, "error", Answer(self.fail_safe), now_ns, fx)
+            self._finish(now_ns, fx)
+        return fx
+
     def release(self) -> Effects:
         """The PLC acknowledged (ack rose, or the trigger fell): result_valid goes back."""
         fx = Effects()

@@ -19,9 +19,13 @@ from typing import Any
 
 from agent.capture import Camera
 from agent.config import AgentConfig
+from agent.kernel.errors import EdgefleetError
 from agent.line.handshake import Answer
 from agent.line.link import PlcLink
+from agent.line.recipes import Recipes
 from agent.line.results import StationResult
+from agent.line.servers.modbus import ModbusResultServer
+from agent.line.servers.opcua import VisionServer
 from agent.line.source import TriggeredSource
 from agent.line.station import Station
 from agent.metrics import AgentMetrics
@@ -42,11 +46,17 @@ class LineService:
         metrics: AgentMetrics,
         on_alarm: Alarm | None = None,
         on_result: Callable[[StationResult], None] | None = None,
+        recipes: Recipes | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self._on_alarm = on_alarm
         self._on_result = on_result
+        self.recipes = recipes
+        self.opcua: VisionServer | None = None
+        self.modbus: ModbusResultServer | None = None
+        self.problems: list[str] = []
+        """Servers that did not start, with why (the stations run without them)."""
         self.links: dict[str, PlcLink] = {}
         for link_cfg in config.plc:
             self.links[link_cfg.name] = PlcLink(
@@ -66,6 +76,7 @@ class LineService:
                 source,
                 self.links.get(st_cfg.plc) if st_cfg.plc else None,
                 on_result=self._result,
+                on_state=self._state,
             )
             self.stations[st_cfg.name] = station
             self._by_pipeline[st_cfg.pipeline] = station
@@ -75,17 +86,64 @@ class LineService:
     def configured(self) -> bool:
         return bool(self.stations or self.links)
 
+    @property
+    def stations_wanted(self) -> bool:
+        """Stations are configured: the sink and pipelines need their hooks."""
+        return bool(self.stations)
+
     def start(self) -> None:
+        self._start_servers()
         for station in self.stations.values():
             station.start()
         for link in self.links.values():
             link.start()
+
+    def _start_servers(self) -> None:
+        """The OPC UA and Modbus servers the line reads, when configured; one that can't
+        start is a problem (and an alarm), and the stations run without it."""
+        names = list(self.stations)
+        cfg = self.config
+        if cfg.opcua_server.enabled and names:
+            try:
+                server = VisionServer(
+                    cfg.opcua_server,
+                    names,
+                    on_trigger=lambda st: self.stations[st].trigger(source="opcua"),
+                    recipes=self.recipes.list if self.recipes else lambda _st: [],
+                    select_recipe=(
+                        self.recipes.select if self.recipes else lambda _st, _r: "no recipes"
+                    ),
+                    on_command=lambda st, what: self.stations[st].command(what),
+                )
+                server.start()
+                self.opcua = server
+            except EdgefleetError as exc:
+                self._server_failed("opcua_server", str(exc))
+        if cfg.modbus_server.enabled and names:
+            try:
+                modbus = ModbusResultServer(
+                    cfg.modbus_server,
+                    names,
+                    lambda st: self.stations[st].trigger(source="modbus"),
+                )
+                modbus.start()
+                self.modbus = modbus
+            except (EdgefleetError, ValueError, OSError, RuntimeError) as exc:
+                self._server_failed("modbus_server", str(exc))
+
+    def _server_failed(self, which: str, why: str) -> None:
+        self.problems.append(f"{which}: {why}")
+        self._alarm("line_server", f"[{which}] not started: {why}")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         for station in self.stations.values():
             station.stop(timeout_s / 2)
         for link in self.links.values():
             link.stop(timeout_s / 2)
+        if self.opcua is not None:
+            self.opcua.stop(timeout_s)
+        if self.modbus is not None:
+            self.modbus.stop()
 
     # -- the hot path's hooks ---------------------------------------------------------
     def wrap_source(self, pipeline: str, camera: Camera) -> TriggeredSource | None:
@@ -127,8 +185,17 @@ class LineService:
         m = self.metrics
         m.station_results.labels(station=r.station, status=r.status).inc()
         m.station_latency.labels(station=r.station).observe(r.trigger_to_result_ms / 1000.0)
+        for server in (self.opcua, self.modbus):
+            if server is not None:
+                server.on_result(r)
         if self._on_result is not None:
             self._on_result(r)
+
+    def _state(self, station: str, state: str) -> None:
+        if self.opcua is not None:
+            self.opcua.set_state(station, state)
+        if self.modbus is not None:
+            self.modbus.set_busy(station, state == "SingleExecution")
 
     def _alarm(self, kind: str, message: str) -> None:
         log.warning("alarm %s: %s", kind, message)
@@ -147,10 +214,17 @@ class LineService:
                 self._alarm("plc_up", f"plc '{name}' connected again")
 
     def stats(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "plc": {n: link.stats() for n, link in self.links.items()},
             "stations": {n: st.stats() for n, st in self.stations.items()},
         }
+        if self.opcua is not None:
+            out["opcua_server"] = self.opcua.stats()
+        if self.modbus is not None:
+            out["modbus_server"] = self.modbus.stats()
+        if self.problems:
+            out["problems"] = list(self.problems)
+        return out
 
     def health(self) -> dict[str, Any]:
         """The line on /healthz: each link's connection and failures by reason word, each

@@ -65,6 +65,7 @@ class Station:
         *,
         listeners: Sequence[ResultListener] = (),
         on_result: Callable[[StationResult], None] | None = None,
+        on_state: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -72,6 +73,10 @@ class Station:
         self.link = link
         self.listeners = list(listeners)
         self._on_result = on_result
+        self._on_state = on_state
+        """Told ``(station, OPC 40100 state)`` on each change: Ready, SingleExecution,
+        Halted (under the station's lock: it must return at once)."""
+        self.state40100 = "Ready"
         self.hs = Handshake(
             config.name,
             fail_safe=config.fail_safe,
@@ -188,7 +193,7 @@ class Station:
 
     def trigger(self, part_id: str = "", source: str = "server") -> bool:
         """A trigger from the agent's own servers (OPC UA single job, a Modbus trigger
-        coil); False while the station is halted."""
+        coil); False while the station is halted (the server refuses it)."""
         with self._wake:
             if self.halted:
                 self.ignored_triggers += 1
@@ -196,7 +201,42 @@ class Station:
             self._trigger(part_id_text(part_id), time.perf_counter_ns())
         return True
 
+    def command(self, what: str) -> str | None:
+        """OPC 40100's Halt, Reset, Stop and Abort: None when done, else why not.
+
+        - halt: triggers are answered at once with the fail-safe result (status error);
+          the agent's servers refuse theirs;
+        - reset: back to Ready;
+        - stop, abort: the part being inspected gets the fail-safe result now.
+        """
+        with self._wake:
+            if what == "halt":
+                self.halted = True
+                self._set_state("Halted")
+            elif what == "reset":
+                self.halted = False
+                self._set_state("Ready")
+            elif what in ("stop", "abort"):
+                self._carry_out(self.hs.abort(time.perf_counter_ns()))
+            else:
+                return f"unknown command {what!r}"
+            self._wake.notify_all()
+        return None
+
+    def _set_state(self, state: str) -> None:
+        if state == self.state40100:
+            return
+        self.state40100 = state
+        if self._on_state is not None:
+            try:
+                self._on_state(self.name, state)
+            except Exception:
+                log.exception("station %s: the state callback failed", self.name)
+
     def _trigger(self, part: str, seen_ns: int, missed: int = 0) -> None:
+        if self.halted:
+            self._carry_out(self.hs.refuse(part, seen_ns, time.time()))
+            return
         fx = self.hs.trigger(part, seen_ns, time.time(), missed)
         self._carry_out(fx)
         if fx.start is not None:
@@ -220,6 +260,8 @@ class Station:
             self._write(values)
         for result in fx.results:
             self._tell(result)
+        if not self.halted:
+            self._set_state("SingleExecution" if self.hs.state == "busy" else "Ready")
 
     def _write(self, values: dict[str, Any]) -> None:
         link = self.link
