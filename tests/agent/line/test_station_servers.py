@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncua.client import Client
+from asyncua.client.client import Client
 
 from agent.app import Agent
 from agent.config import parse_config
