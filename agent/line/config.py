@@ -105,13 +105,13 @@ class OutputConfig(Section):
         None,
         max_length=64,
         description="With value = `outcome_is`: the output is true when the result's outcome "
-        "is this one (a reject gate's bit: `outcome = \"reject\"`), false otherwise.",
+        'is this one (a reject gate\'s bit: `outcome = "reject"`), false otherwise.',
     )
 
     @model_validator(mode="after")
     def _check_outcome(self) -> OutputConfig:
         if (self.value == "outcome_is") != (self.outcome is not None):
-            raise ValueError("`outcome` goes with value = \"outcome_is\", and only with it")
+            raise ValueError('`outcome` goes with value = "outcome_is", and only with it')
         return self
 
 
