@@ -122,7 +122,9 @@ class VisionServer:
         self._runtimes: dict[str, StationRuntime] = {}
         self._check: PasswordCheck | None = None
         self._users: Users | None = None
-        self.endpoint = f"opc.tcp://{config.host}:{config.port}/"
+        host = f"[{config.host}]" if ":" in config.host and "[" not in config.host else config.host
+        self.endpoint = f"opc.tcp://{host}:{config.port}/"
+        """The endpoint URL clients connect to."""
 
     # -- the stations' side: returns at once ---------------------------------------------
 

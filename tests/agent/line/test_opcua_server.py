@@ -21,6 +21,7 @@ import argon2
 import pytest
 
 from agent.kernel.errors import ConfigError
+from agent.line.errors import LineError
 from agent.line.results import StationResult
 from agent.line.servers import opcua_model
 from agent.line.servers.config import OpcUaServerConfig
@@ -660,6 +661,38 @@ def test_a_slow_agent_answers_bad_timeout_and_unsupported_methods_say_so(
 def test_a_missing_node_set_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="the OPC 40100 node set is missing: run make models"):
         opcua_model.check_nodeset(tmp_path / "Opc.Ua.MachineVision.NodeSet2.xml")
+
+
+def test_a_port_in_use_is_refused_with_the_reason(server: VisionServer) -> None:
+    config = server.config.model_copy(update={"results_kept": 1})
+    other = VisionServer(
+        config,
+        ["st9"],
+        on_trigger=lambda s: True,
+        recipes=lambda s: [],
+        select_recipe=lambda s, r: None,
+    )
+    with pytest.raises(LineError) as caught:
+        other.start(timeout_s=60.0)
+    assert caught.value.reason == "refused"
+    assert f"can't listen on 127.0.0.1:{config.port}" in caught.value.detail
+    other.stop()  # a second stop does nothing
+
+
+def test_a_key_that_is_not_the_certificates_is_refused(
+    server: VisionServer, tmp_path: Path
+) -> None:
+    _cert, other_key = make_server_identity(tmp_path, APP_URI)
+    config = server.config.model_copy(update={"private_key": other_key})
+    other = VisionServer(
+        config,
+        ["st9"],
+        on_trigger=lambda s: True,
+        recipes=lambda s: [],
+        select_recipe=lambda s, r: None,
+    )
+    with pytest.raises(ConfigError, match="is not the certificate's key"):
+        other.start()
 
 
 def test_results_beyond_the_queue_bound_are_dropped_and_counted() -> None:
