@@ -29,6 +29,7 @@ from asyncua.common.node import Node
 from asyncua.server.server import Server
 from asyncua.ua.status_codes import StatusCodes as Codes
 
+from agent.discovery.safetext import one_line
 from agent.line.servers import opcua_model as model
 from agent.line.servers import vision
 from agent.line.servers.opcua_model import MachineVision, StationNodes
@@ -264,8 +265,8 @@ class Methods:
 
     async def _refused(self, runtime: StationRuntime, method: str, reason: str) -> None:
         self.count("method_refused")
-        log.info("OPC UA server: %s of %s refused: %s", method, runtime.nodes.name, reason)
-        text = f"{method}: {reason}"[:1024]
+        text = one_line(f"{method}: {reason}", 1024)  # may quote a client's id
+        log.info("OPC UA server: %s refused at %s", text, runtime.nodes.name)
         await runtime.nodes.refusal.write_value(text, ua.VariantType.String)
 
     def _gate(self, runtime: StationRuntime, method: str) -> None:

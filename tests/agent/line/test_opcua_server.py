@@ -445,7 +445,8 @@ def test_prepare_recipe_selects_only_what_the_agent_accepts(
         {"op": "read", "path": prepared},
         prepare("c-3"),
         {"op": "read", "path": ["own:st2", "own:LastRefusal"]},
-        prepare("no-such-bundle"),
+        prepare("no-such\nbundle"),
+        {"op": "read", "path": ["own:st2", "own:LastRefusal"]},
         {
             "op": "call",
             "object": ["own:st2", *RECIPES],
@@ -453,7 +454,7 @@ def test_prepare_recipe_selects_only_what_the_agent_accepts(
             "args": [_ext("mv:i=3002", id="sorter"), NULL],  # two versions: ambiguous
         },
     ]
-    ok, is_prepared, refused, why, unknown, ambiguous = _ok(
+    ok, is_prepared, refused, why, unknown, unknown_why, ambiguous = _ok(
         run_client(_plan(server, pki, steps, **_operator()))
     )
     assert ok["status"] == "Good", ok
@@ -466,6 +467,9 @@ def test_prepare_recipe_selects_only_what_the_agent_accepts(
     assert refused["status"] == "BadRequestNotAllowed"
     assert "signature" in why["value"]
     assert unknown["status"] == "BadNotFound"
+    # the client's id is quoted on one line: its line break escaped
+    assert "'no-such\\nbundle'" in unknown_why["value"]
+    assert "\n" not in unknown_why["value"]
     assert ambiguous["status"] == "BadNotFound"
     # the agent was asked for the two installed ones only
     assert fresh.selected == [("st2", "b-2"), ("st2", "c-3")]
