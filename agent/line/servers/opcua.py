@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 LINK = "opcua_server"
 """The name LineErrors of this server carry."""
 CALLBACK_THREADS = 2
+PENDING_JOB_S = 60.0
+"""A single job not answered within this long gives its JobId to no later result."""
 
 COUNTERS = (
     "results_published",  # LatestResult written and ResultReady emitted
@@ -404,8 +406,11 @@ class VisionServer:
         if found is None:
             self._count("unknown_station")
             return
-        if found.pending_jobs:
-            job_id, meas_id, _ = found.pending_jobs.popleft()
+        pending = found.pending_jobs
+        while pending and pending[0][2] < result.wall_time - PENDING_JOB_S:
+            pending.popleft()  # a job the station never answered: not this result's
+        if pending:
+            job_id, meas_id, _ = pending.popleft()
             kept = KeptResult(result, job_id, meas_id)
         else:
             kept = KeptResult(result, trigger_job_id(result))
