@@ -382,12 +382,16 @@ def test_a_stopped_plc_is_disconnected_and_the_driver_opens_again(
     assert d.read([p]) == [123_456_789]  # the PLC kept its memory
 
 
-def test_close_ends_the_loop_thread(plc: ModbusPlc, drivers: Callable[..., ModbusDriver]) -> None:
+def test_close_ends_the_deadline_thread(
+    plc: ModbusPlc, drivers: Callable[..., ModbusDriver]
+) -> None:
     d = drivers(plc.port)
     d.open()
-    assert any(t.name == "line-press1-loop" for t in threading.enumerate())
+    assert any(t.name == "line-press1-deadline" for t in threading.enumerate())
     d.close()
-    assert wait_until(lambda: not any(t.name == "line-press1-loop" for t in threading.enumerate()))
+    assert wait_until(
+        lambda: not any(t.name == "line-press1-deadline" for t in threading.enumerate())
+    )
     assert reason_of(lambda: d.read([pt("hr:0", "int16")])).reason == "disconnected"
 
 
