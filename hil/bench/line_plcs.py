@@ -22,6 +22,10 @@ from asyncua.server.server import Server
 from hil.plc.modbus_plc import ModbusPlc
 from hil.plc.opcua_plc import LINE_VARIABLES, OpcUaPlc, Variable
 
+POLL_MS = 1.0
+"""The stations' trigger poll (Modbus) and sampling interval (OPC UA): a PLC's scan is
+1-10 ms; the bench takes the fast end so that the agent's own time shows."""
+
 
 @dataclass(frozen=True)
 class Seen:
@@ -93,7 +97,12 @@ class BenchOpcUaPlc(OpcUaPlc):
                 "security": "none",
                 "timeout_ms": 1000,
             },
-            "trigger": {"point": node("TriggerCount"), "type": "uint32", "edge": "change"},
+            "trigger": {
+                "point": node("TriggerCount"),
+                "type": "uint32",
+                "edge": "change",
+                "poll_ms": POLL_MS,
+            },
             "part_id": {"point": node("PartId"), "type": "string"},
             "outputs": [
                 {"point": node("OutcomeCode"), "type": "int16", "value": "outcome_code"},
@@ -163,7 +172,12 @@ class BenchModbusPlc(ModbusPlc):
                 "port": self.port,
                 "timeout_ms": 1000,
             },
-            "trigger": {"point": f"hr:{HR_TRIGGER}", "type": "uint32", "edge": "change"},
+            "trigger": {
+                "point": f"hr:{HR_TRIGGER}",
+                "type": "uint32",
+                "edge": "change",
+                "poll_ms": POLL_MS,
+            },
             "part_id": {"point": f"hr:{HR_PART}:{PART_REGS}", "type": "string"},
             "outputs": [
                 {"point": f"hr:{HR_CODE}", "type": "int16", "value": "outcome_code"},
