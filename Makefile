@@ -180,7 +180,8 @@ demo: sysdeps $(STAMP) $(MODELS) $(NODESETS)
 # a fleet of 1,000 TLS agents under a rollout, the outbox's drain after an outage against
 # live latency, edge-agent run's recovery from a SIGKILLed hot path and companion (3 kills
 # of each, under a minute), and the console's decision review at 1,000,000 decisions
-# (SQLite, then PostgreSQL).
+# (SQLite, then PostgreSQL), and a station triggered by a simulated OPC UA and Modbus PLC
+# (trigger -> result as the PLC sees it against the bare model).
 bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-runtime targets $(BENCH_MODEL) --rounds 5 --duration 3 --json .cache/bench.json
 	$(PY) -m hil.demo_assets --dir $(DEMO) --models .cache/models
@@ -188,6 +189,8 @@ bench: sysdeps $(STAMP) $(MODELS)
 	  --duration 20 --load 0.6 --json .cache/bench-agent.json
 	$(VENV)/bin/edge-agent bench-log --rows 200000 --json .cache/bench-log.json
 	$(VENV)/bin/hil bench decode --json .cache/bench-decode.json
+	$(VENV)/bin/hil bench line --bundle $(DEMO)/bundles/text-cls --triggers 300 \
+	  --json .cache/bench-line.json
 	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 	$(VENV)/bin/hil bench fleet --devices 10000 --replicas 3 --shards 2 \
 	  --json .cache/bench-fleet-cluster.json

@@ -12,7 +12,9 @@ Steps, for each protocol (``--protocol opcua modbus``):
    capacity is 1000 / their p50 (``capacity_per_s``);
 4. load: ``--triggers`` triggers paced at 80 % of capacity: ``trigger_to_result_p50_ms``,
    ``trigger_to_result_p99_ms`` (every result as the PLC saw it, the fail-safe ones
-   included), ``deadline_missed`` and ``overruns`` among them, and the
+   included), ``agent_seen_to_queued_mean_ms`` (inside the agent: from seeing the trigger
+   to queueing the result's writes; the rest is the poll and the writes),
+   ``deadline_missed`` and ``overruns`` among them, and the
    agent process's CPU over them per decision (``agent_cpu_ms_per_decision``: capture,
    pipeline, station, link, decision log; inference runs in the worker process);
 5. overload: as many triggers at 150 % of capacity: every trigger must be answered exactly
@@ -175,6 +177,21 @@ class Agent:
         except OSError:
             return None
 
+    def station_sum_count(self) -> tuple[float, float]:
+        """The station's ``trigger_to_result_seconds`` histogram: (sum, count) so far —
+        from the agent seeing a trigger to queueing its result's writes."""
+        with urllib.request.urlopen(  # the bench's own agent on loopback
+            f"http://127.0.0.1:{self.http_port}/metrics", timeout=5
+        ) as resp:
+            text = resp.read().decode()
+        total = count = 0.0
+        for line in text.splitlines():
+            if line.startswith("edgefleet_station_trigger_to_result_seconds_sum"):
+                total = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("edgefleet_station_trigger_to_result_seconds_count"):
+                count = float(line.rsplit(" ", 1)[1])
+        return total, count
+
     def cpu_s(self) -> float:
         """The agent process's own CPU seconds (its workers are processes of their own)."""
         assert self.proc is not None
@@ -294,8 +311,10 @@ def run_protocol(
         service_ms = closed["p50_ms"] or 1.0
         capacity = 1000.0 / service_ms
         cpu0 = agent.cpu_s()
+        sum0, n0 = agent.station_sum_count()
         load = _judge(plc, _phase(plc, triggers, 0.8 * capacity))
         cpu1 = agent.cpu_s()
+        sum1, n1 = agent.station_sum_count()
         over = _judge(plc, _phase(plc, triggers, 1.5 * capacity))
     finally:
         agent.stop()
@@ -307,6 +326,7 @@ def run_protocol(
         "deadline_ms": deadline_ms,
         "capacity_per_s": round(capacity, 1),
         "closed_loop_p50_ms": closed["p50_ms"],
+        "agent_seen_to_queued_mean_ms": round((sum1 - sum0) * 1000 / max(1.0, n1 - n0), 3),
         "trigger_to_result_p50_ms": load["p50_ms"],
         "trigger_to_result_p99_ms": load["p99_ms"],
         "deadline_missed": load["by_status"]["deadline_missed"],
