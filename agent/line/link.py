@@ -287,9 +287,13 @@ class PlcLink:
                 continue
             seen_ns = group.changed_ns or time.perf_counter_ns()
             group.changed_ns = 0
+            # due again first: a read that fails is retried at the group's pace, and the
+            # other groups are read meanwhile (a failing group must not starve them)
+            group.due = time.monotonic() + group.period_s
             values = driver.read(group.points)
             self.stats_.reads += 1
-            group.due = time.monotonic() + (WATCH_RESYNC_S if group.watched else group.period_s)
+            if group.watched:
+                group.due = time.monotonic() + WATCH_RESYNC_S
             try:
                 group.on_values(values, seen_ns)
             except Exception:
