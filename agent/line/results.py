@@ -10,7 +10,9 @@ STATUS_CODES: dict[str, int] = {
     "ok": 1,  # decided within the deadline: the decision's outcome
     "deadline_missed": 2,  # no decision by the deadline: the fail-safe result
     "overrun": 3,  # a trigger while busy: answered with the fail-safe result, not decided
-    "error": 4,  # the decision failed (inference error, no frame): the fail-safe result
+    "error": 4,  # not decided: the station is halted, or Stop/Abort gave the part up
+    # (a failed inference or a frame that never came is answered at the deadline:
+    # deadline_missed)
 }
 """The ``status`` a station writes beside each result, and its number on the wire."""
 

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 Alarm = Callable[[str, str], None]
 
+LINK_DOWN = frozenset({"refused", "timeout", "disconnected", "unavailable"})
+"""Failures that mean the PLC can't be reached (the ``plc_down`` alarm); a refused or
+mistyped write is counted, and the connection is still up."""
+
 
 class LineService:
     """Every ``[[plc]]`` link and ``[[stations]]`` entry of one agent."""
@@ -174,7 +178,7 @@ class LineService:
 
         def count(reason: str, detail: str) -> None:
             family.labels(link=link, driver=driver, reason=reason).inc()
-            down = reason in ("refused", "timeout", "disconnected", "denied", "unavailable")
+            down = reason in LINK_DOWN
             if down and link not in self._down:
                 self._down.add(link)
                 self._alarm("plc_down", f"plc '{link}' ({driver}): {reason}: {detail}")

@@ -76,7 +76,8 @@ class Station:
         self._on_state = on_state
         """Told ``(station, OPC 40100 state)`` on each change: Ready, SingleExecution,
         Halted (under the station's lock: it must return at once)."""
-        self.state40100 = "Ready"
+        self.state40100 = ""
+        """The OPC 40100 state last told ("" before :meth:`start` tells Ready)."""
         self.hs = Handshake(
             config.name,
             fail_safe=config.fail_safe,
@@ -129,6 +130,8 @@ class Station:
             )
         self._thread = threading.Thread(target=self._run, name=f"station-{self.name}", daemon=True)
         self._thread.start()
+        with self._wake:
+            self._set_state("Ready")
 
     def stop(self, timeout_s: float = 1.0) -> None:
         with self._wake:

@@ -110,6 +110,13 @@ def test_a_station_triggered_through_the_modbus_server_answers_in_its_registers(
         assert line.problems == []
         assert line.modbus is not None
         assert line.opcua is not None
+        # the VisionSystem is Ready from the start (its first state told): a single job
+        # may start before any PLC trigger
+        deadline = time.monotonic() + WAIT_S
+        while line.opcua.stats()["states_set"] < 1:
+            assert time.monotonic() < deadline, line.opcua.stats()
+            time.sleep(0.05)
+        assert line.stations["gate"].state40100 == "Ready"
         for n in (1, 2):
             done = _mbpoll(modbus_port, "-t", "0", "-r", "0", "127.0.0.1", "--", "1")
             assert done.returncode == 0, done.stdout + done.stderr
