@@ -58,6 +58,10 @@ class LinkStats:
     """A link's counters."""
 
     connected: bool = False
+    """True once the PLC answered over the connection now open (its calls made, or
+    refused with a reason that keeps the connection), False from the failure that drops
+    it: a PLC that accepts the connection but never answers (a stalled scan) is not
+    connected, so its ``plc_down`` alarm is not cleared by each reconnect."""
     connects: int = 0
     reads: int = 0
     writes: int = 0
@@ -185,13 +189,20 @@ class PlcLink:
             try:
                 self._step()
             except LineError as exc:
+                drops = exc.reason in DROPS_LINK
+                # not connected before the failure is told (the plc_down alarm); still
+                # connected when the PLC answered, with an error that keeps the connection
+                self.stats_.connected = not drops
                 self._count(exc.reason, exc.detail)
-                if exc.reason in DROPS_LINK:
+                if drops:
                     self._disconnect()
             except Exception as exc:  # a bug must not kill the link: log, count, reconnect
+                self.stats_.connected = False
                 log.exception("plc %s: unexpected error", self.name)
                 self._count("protocol", f"{type(exc).__name__}: {exc}")
                 self._disconnect()
+            else:
+                self.stats_.connected = True
         self._disconnect()
 
     def _connect(self) -> bool:
@@ -210,8 +221,7 @@ class PlcLink:
             self._count("protocol", f"{type(exc).__name__}: {exc}")
             return False
         self._driver = driver
-        self.stats_.connected = True
-        self.stats_.connects += 1
+        self.stats_.connects += 1  # connected once the PLC answers (see LinkStats)
         now = time.monotonic()
         for group in self._groups:
             group.due = now
