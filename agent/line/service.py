@@ -112,7 +112,7 @@ class LineService:
                 server = VisionServer(
                     cfg.opcua_server,
                     names,
-                    on_trigger=lambda st: self.stations[st].trigger(source="opcua"),
+                    on_trigger=lambda st, part: self.stations[st].trigger(part, source="opcua"),
                     recipes=self.recipes.list if self.recipes else lambda _st: [],
                     select_recipe=(
                         self.recipes.select if self.recipes else lambda _st, _r: "no recipes"

@@ -73,7 +73,8 @@ class VisionServer:
     Args:
         config: ``[opcua_server]``.
         stations: the stations' names (each gets a VisionSystem of that BrowseName).
-        on_trigger: StartSingleJob: trigger ``station`` once; True when it took it.
+        on_trigger: StartSingleJob: trigger ``station`` once with the job's part id (""
+            when none); True when it took it.
         recipes: the installed, verified bundles ``station`` may decide with.
         select_recipe: PrepareRecipe: make ``recipe id`` active at ``station``; None when
             done, else why not (a Bad answer carries it).
@@ -91,7 +92,7 @@ class VisionServer:
         config: OpcUaServerConfig,
         stations: list[str],
         *,
-        on_trigger: Callable[[str], bool],
+        on_trigger: Callable[[str, str], bool],
         recipes: Callable[[str], list[Recipe]],
         select_recipe: Callable[[str, str], str | None],
         on_command: Callable[[str, str], str | None] | None = None,

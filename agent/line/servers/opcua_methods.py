@@ -74,7 +74,7 @@ class StationRuntime:
 class Agent:
     """The agent's side of the methods: the lead's callbacks, run off the loop."""
 
-    on_trigger: Callable[[str], bool]
+    on_trigger: Callable[[str, str], bool]
     recipes: Callable[[str], list[Recipe]]
     select_recipe: Callable[[str, str], str | None]
     on_command: Command | None
@@ -296,7 +296,7 @@ class Methods:
     async def start_single_job(self, runtime: StationRuntime, args: Args) -> Out:
         _check_count(args, 5)
         meas_id = _struct_id(args, 0, "MeasId", "MeasIdDataType")
-        _struct_id(args, 1, "PartId", "PartIdDataType")
+        part_id = _struct_id(args, 1, "PartId", "PartIdDataType")
         recipe_id = _struct_id(args, 2, "RecipeId", "RecipeIdExternalDataType")
         _struct_id(args, 3, "ProductId", "ProductIdDataType")
         self._gate(runtime, "StartSingleJob")
@@ -308,7 +308,7 @@ class Methods:
                     f"recipe {recipe_id!r} is not the prepared one: call PrepareRecipe first",
                 )
         station = runtime.nodes.name
-        if not await self.agent.run("trigger", self.agent.on_trigger, station):
+        if not await self.agent.run("trigger", self.agent.on_trigger, station, part_id):
             raise _refusal(
                 Codes.BadInvalidState,
                 "the station did not take the trigger (busy, or not running)",

@@ -57,7 +57,7 @@ class Agent:
             self.slow_s = 0.0
             self.active = "a-1"
 
-    def on_trigger(self, station: str) -> bool:
+    def on_trigger(self, station: str, part_id: str = "") -> bool:
         with self.lock:
             self.triggers.append(station)
             accept, slow_s = self.accept_trigger, self.slow_s
@@ -672,7 +672,7 @@ def test_a_port_in_use_is_refused_with_the_reason(server: VisionServer) -> None:
     other = VisionServer(
         config,
         ["st9"],
-        on_trigger=lambda s: True,
+        on_trigger=lambda s, p: True,
         recipes=lambda s: [],
         select_recipe=lambda s, r: None,
     )
@@ -691,7 +691,7 @@ def test_a_key_that_is_not_the_certificates_is_refused(
     other = VisionServer(
         config,
         ["st9"],
-        on_trigger=lambda s: True,
+        on_trigger=lambda s, p: True,
         recipes=lambda s: [],
         select_recipe=lambda s, r: None,
     )
@@ -706,7 +706,7 @@ def test_results_beyond_the_queue_bound_are_dropped_and_counted() -> None:
     srv = VisionServer(
         config,
         ["st1"],
-        on_trigger=lambda s: True,
+        on_trigger=lambda s, p: True,
         recipes=lambda s: [],
         select_recipe=lambda s, r: None,
     )
