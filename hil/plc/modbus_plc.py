@@ -1,4 +1,5 @@
-"""A small Modbus TCP PLC: pymodbus's server on its own event loop, on a free loopback port.
+"""A small Modbus TCP PLC: pymodbus's server on its own event loop, on a free port of
+loopback (or of the address given: the HIL harness puts one on its simulated LAN).
 
 Four areas of ``size`` addresses each, from 0 (pymodbus's simulator datastore with
 separate blocks, so a coil and a holding register of the same number are different
@@ -46,20 +47,29 @@ MAX_STALL_S = 60.0
 
 
 class ModbusPlc:
-    """A Modbus TCP server on ``127.0.0.1:PORT`` answering unit ``unit_id``.
+    """A Modbus TCP server on ``HOST:PORT`` answering unit ``unit_id``.
 
     Args:
         size: addresses per area (a multiple of 16, at most 65536).
         unit_id: the unit (slave) id it answers (others get exception 4).
         port: a fixed port (default: a free one, kept across stop/start).
+        host: the address it listens on (default: loopback).
     """
 
-    def __init__(self, *, size: int = 1024, unit_id: int = 1, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        size: int = 1024,
+        unit_id: int = 1,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         if size % 16 or not 16 <= size <= 65536:
             raise ValueError("size must be a multiple of 16 in 16..65536")
         self.size = size
         self.unit_id = unit_id
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self._values: dict[Area, list[int]] = {
             "coil": [0] * size,
             "di": [0] * size,
@@ -107,7 +117,7 @@ class ModbusPlc:
         device = SimDevice(
             self.unit_id, simdata=(bits[0], bits[1], regs[0], regs[1]), action=self._action
         )
-        server = ModbusTcpServer(device, address=("127.0.0.1", self.port))
+        server = ModbusTcpServer(device, address=(self.host, self.port))
         await server.serve_forever(background=True)
         return server
 
