@@ -206,12 +206,13 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/hil bench retention --rows 100000 --decisions 20000 --batch 1000 5000 \
 	  --json .cache/bench-retention.json
 
-# The six HIL scenarios at CI size (60 s offline and 60 s of loss instead of 10 and 5
-# minutes; the same invariants): a real fleet-server and real agents, each in a network
+# The HIL scenarios of the CI set (`hil run ci`: scenarios 1-6 of hil/README.md;
+# plc-link-cut runs by name) at CI size (60 s offline and 60 s of loss instead of 10 and
+# 5 minutes; the same invariants): a real fleet-server and real agents, each in a network
 # namespace of its own (needs root). Writes .cache/hil/report.json, prints the table,
 # and fails when an invariant does not hold.
 hil: sysdeps $(STAMP) $(MODELS)
-	$(VENV)/bin/hil run all --short --report .cache/hil/report.json
+	$(VENV)/bin/hil run ci --short --report .cache/hil/report.json
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache

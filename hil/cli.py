@@ -28,7 +28,8 @@ EXIT_ERROR = 2
 
 EPILOG = """examples:
   hil list
-  hil run all --short --report .cache/hil/report.json
+  hil run ci --short --report .cache/hil/report.json
+  hil run plc-link-cut --short
   hil run offline packet-loss --scale 0.5
   hil run all --device 'ssh://nvidia@192.168.55.1?iface=eth0' --fleet-host 10.0.0.5
   hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
@@ -40,13 +41,19 @@ EPILOG = """examples:
 def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         items = [
-            {"name": s.name, "title": s.title, "invariants": list(s.invariants)}
+            {
+                "name": s.name,
+                "title": s.title,
+                "invariants": list(s.invariants),
+                "in_ci": s.in_ci,
+            }
             for s in SCENARIOS.values()
         ]
         print(json.dumps(items, indent=2))
         return 0
     for i, s in enumerate(SCENARIOS.values(), 1):
-        print(f"{i}. {s.name:<15} {s.title}")
+        ci = "" if s.in_ci else "  (not in ci: run it by name)"
+        print(f"{i}. {s.name:<15} {s.title}{ci}")
         for inv in s.invariants:
             print(f"   - {inv}")
     return 0
@@ -103,10 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_list)
     r = sub.add_parser(
         "run",
-        help="run scenarios (all, or by name)",
-        epilog="example: hil run all --short --report .cache/hil/report.json",
+        help="run scenarios (ci, all, or by name)",
+        epilog="example: hil run ci --short --report .cache/hil/report.json",
     )
-    r.add_argument("scenario", nargs="+", help=f"all, or of: {', '.join(SCENARIOS)}")
+    r.add_argument(
+        "scenario",
+        nargs="+",
+        help=f"ci (what make hil runs), all, or of: {', '.join(SCENARIOS)}",
+    )
     r.add_argument("--device", default="sim", help="sim (default) or ssh://USER@HOST[:PORT]")
     size = r.add_mutually_exclusive_group()
     size.add_argument(

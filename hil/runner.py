@@ -50,17 +50,20 @@ class RunOptions:
 
 
 def check_names(names: list[str]) -> list[str]:
-    """The scenario names, ``all`` expanded.
+    """The scenario names, ``all`` (every scenario) and ``ci`` (those ``make hil`` runs)
+    expanded.
 
     Raises:
         UsageError: an unknown name.
     """
     if not names or names == ["all"]:
         return list(SCENARIOS)
+    if names == ["ci"]:
+        return [name for name, s in SCENARIOS.items() if s.in_ci]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         known = ", ".join(SCENARIOS)
-        raise UsageError("scenario", f"unknown {', '.join(unknown)} (known: {known}, all)")
+        raise UsageError("scenario", f"unknown {', '.join(unknown)} (known: {known}, all, ci)")
     return names
 
 

@@ -3,7 +3,8 @@ the common figures (decision ids, health reports, local latency) read from both 
 
 A scenario is a class with a ``name``, a ``title``, its ``invariants`` and ``run(ctx,
 out)``, which puts faults on, reads, and appends one :class:`~hil.report.Check` per
-invariant to ``out``. Durations come from :class:`Size`: the full sizes of the issue, or
+invariant to ``out``; ``in_ci`` says whether ``hil run ci`` (what ``make hil`` runs)
+includes it. Durations come from :class:`Size`: the full sizes of the issue, or
 the CI sizes (``--short``), with the same invariants.
 """
 
@@ -84,6 +85,9 @@ class Scenario(ABC):
     name: ClassVar[str]
     title: ClassVar[str]
     invariants: ClassVar[tuple[str, ...]]
+    in_ci: ClassVar[bool] = True
+    """Run by ``hil run ci`` (``make hil``); a scenario too long for CI says False and
+    runs by name (or with ``all``)."""
 
     @abstractmethod
     def run(self, ctx: RunContext, out: ScenarioReport) -> None:

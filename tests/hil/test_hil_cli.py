@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config
+from agent.line.drivers.configs import ModbusLinkConfig
 from hil import agentconf
 from hil.errors import UsageError
+from hil.runner import check_names
 from hil.ssh import SshTarget
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _hil(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,19 +27,23 @@ def _hil(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_list_names_the_six_scenarios_with_their_invariants() -> None:
+CI_SET = ["offline", "download-cut", "rollout-cut", "broker-restart", "disk-full", "packet-loss"]
+
+
+def test_list_names_the_scenarios_with_their_invariants_and_which_ci_runs() -> None:
     done = _hil("list", "--json")
     assert done.returncode == 0, done.stderr
     items = json.loads(done.stdout)
-    assert [i["name"] for i in items] == [
-        "offline",
-        "download-cut",
-        "rollout-cut",
-        "broker-restart",
-        "disk-full",
-        "packet-loss",
-    ]
+    assert [i["name"] for i in items] == [*CI_SET, "plc-link-cut"]
     assert all(i["invariants"] for i in items)
+    assert [i["name"] for i in items if i["in_ci"]] == CI_SET
+
+
+def test_ci_is_what_make_hil_runs_and_all_is_every_scenario() -> None:
+    assert check_names(["ci"]) == CI_SET  # plc-link-cut (~90 s) runs by name
+    assert check_names(["all"]) == [*CI_SET, "plc-link-cut"]
+    assert check_names(["plc-link-cut"]) == ["plc-link-cut"]
+    assert "hil run ci --short" in (REPO / "Makefile").read_text()
 
 
 def test_an_unknown_scenario_is_a_clear_error() -> None:
@@ -86,3 +93,27 @@ def test_the_agent_accepts_the_config_the_harness_writes(tmp_path: Path) -> None
     assert cfg.uplink.drain_rate_per_s == 2.0
     assert cfg.uplink.drop_order == ["thumbnail", "quality", "event", "health", "decisions"]
     assert cfg.actions.actions[0].outcomes == ["pass", "reject", "review"]
+
+
+def test_the_agent_accepts_the_station_the_harness_writes(tmp_path: Path) -> None:
+    settings = agentconf.AgentSettings(
+        device_id="hil-plc",
+        video=str(tmp_path / "line.avi"),
+        bundle_dir=str(tmp_path / "bundle"),
+        station=agentconf.StationSettings(host="10.231.0.1", port=15020),
+    )
+    path = tmp_path / "agent.toml"
+    path.write_text(agentconf.render(settings))
+    cfg = load_config(path)
+    assert [c.name for c in cfg.cameras] == ["cam1", agentconf.STATION_CAMERA]
+    assert cfg.cameras[1].trigger_mode == "software"
+    (link,) = cfg.plc
+    assert isinstance(link, ModbusLinkConfig)
+    assert (link.name, link.host, link.port) == ("plc1", "10.231.0.1", 15020)
+    (station,) = cfg.stations
+    assert (station.name, station.pipeline, station.plc) == ("gate", "station", "plc1")
+    assert station.trigger is not None
+    assert (station.trigger.point, station.trigger.edge) == ("hr:0", "change")
+    assert [o.value for o in station.outputs] == [
+        "outcome_code", "status", "seq", "part_id", "result_valid"
+    ]  # fmt: skip
