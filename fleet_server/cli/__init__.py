@@ -6,4 +6,9 @@
 (devices, telemetry, rollouts over the HTTP API) and :mod:`~fleet_server.cli.users`
 (users of the console and API, on the database). ``fleet-server``
 (:mod:`fleet_server.cli.server`) runs the server or checks its configuration.
+
+Both start light: a command imports its libraries when it runs, so the parsers, every
+``--help`` and the commands over HTTP import neither pydantic, SQLAlchemy nor TUF; what the
+parsers show of the library is in :mod:`~fleet_server.cli.defaults`, and
+:mod:`~fleet_server.cli.logs` sets up logging.
 """

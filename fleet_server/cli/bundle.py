@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.kernel.bundle import Bundle, init_bundle
-from agent.wire.manifest import MANIFEST_NAME, ClassificationPost, ScorePost
-from agent.wire.postprocess import POSTPROCESS_KINDS
+from fleet_server.cli.defaults import POSTPROCESS_KINDS
 from fleet_server.cli.repo import add_command, add_options, emit, open_keystore
-from fleet_server.repository import PublishedBundle, Repository, build_bundle
-from runtime.cli import parse_shape
+
+if TYPE_CHECKING:
+    from agent.kernel.bundle import Bundle
+    from fleet_server.repository import PublishedBundle
 
 _BUNDLE_INIT_EXAMPLE = """\
 example:
@@ -27,7 +27,19 @@ thresholds, policy, profiles, latency budget). Schema: docs/bundle-manifest.md.
 """
 
 
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``--input-shape``: :func:`runtime.cli.parse_shape`, imported only when given."""
+    from runtime.cli import parse_shape as parse  # noqa: PLC0415 - fleetctl starts light
+
+    return parse(text)
+
+
 def _describe(bundle: Bundle) -> list[str]:
+    from agent.wire.manifest import (  # noqa: PLC0415 - fleetctl starts light
+        ClassificationPost,
+        ScorePost,
+    )
+
     m = bundle.manifest
     pre, post = m.preprocess, m.postprocess
     lines = [
@@ -49,6 +61,9 @@ def _describe(bundle: Bundle) -> list[str]:
 
 
 def cmd_bundle_init(args: argparse.Namespace) -> int:
+    from agent.kernel.bundle import init_bundle  # noqa: PLC0415 - fleetctl starts light
+    from agent.wire.manifest import MANIFEST_NAME  # noqa: PLC0415
+
     bundle = init_bundle(
         args.model,
         args.out,
@@ -79,6 +94,9 @@ def _bundle_lines(b: PublishedBundle) -> list[str]:
 
 
 def cmd_bundle_build(args: argparse.Namespace) -> int:
+    from agent.wire.manifest import MANIFEST_NAME  # noqa: PLC0415 - fleetctl starts light
+    from fleet_server.repository import build_bundle  # noqa: PLC0415
+
     manifest = build_bundle(args.dir, release=args.release, version=args.version)
     lines = [f"updated {args.dir / MANIFEST_NAME}: {manifest.name} {manifest.version} "
              f"release {manifest.release}"]  # fmt: skip
@@ -87,16 +105,22 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_publish(args: argparse.Namespace) -> int:
+    from fleet_server.repository import Repository  # noqa: PLC0415 - fleetctl starts light
+
     published = Repository(args.repo).publish(args.dir, open_keystore(args))
     return emit(args, published.to_dict(), ["published", *_bundle_lines(published)])
 
 
 def cmd_bundle_verify(args: argparse.Namespace) -> int:
+    from fleet_server.repository import Repository  # noqa: PLC0415 - fleetctl starts light
+
     bundle = Repository(args.repo).verify(args.dir)
     return emit(args, bundle.to_dict(), ["ok: matches the signed release", *_bundle_lines(bundle)])
 
 
 def cmd_bundle_list(args: argparse.Namespace) -> int:
+    from fleet_server.repository import Repository  # noqa: PLC0415 - fleetctl starts light
+
     bundles = Repository(args.repo).bundles(args.name)
     lines = [line for b in bundles for line in _bundle_lines(b)] or ["no bundles published"]
     return emit(args, [b.to_dict() for b in bundles], lines)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet_server import timefmt
-from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
-from fleet_server.db import open_database
-from fleet_server.repository import Repository
-from fleet_server.retention.prune import prune
-from fleet_server.retention.stats import table_stats
+from fleet_server.cli.defaults import DEFAULT_CONFIG
+
+if TYPE_CHECKING:
+    from fleet_server.config import FleetServerConfig
 
 EXAMPLES = """\
 examples:
@@ -30,6 +29,11 @@ examples:
 
 
 def _config(args: argparse.Namespace) -> FleetServerConfig:
+    from fleet_server.config import (  # noqa: PLC0415 - fleetctl starts light
+        FleetServerConfig,
+        load_config,
+    )
+
     if args.config is None and args.db_url:
         return FleetServerConfig()
     return load_config(Path(args.config or DEFAULT_CONFIG))
@@ -76,6 +80,9 @@ def stats_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def cmd_db_stats(args: argparse.Namespace) -> int:
+    from fleet_server.db import open_database  # noqa: PLC0415 - fleetctl starts light
+    from fleet_server.retention.stats import table_stats  # noqa: PLC0415
+
     config = _config(args)
     engine = open_database(args.db_url or config.database_url)
     try:
@@ -117,6 +124,10 @@ def prune_lines(report: dict[str, Any]) -> list[str]:
 
 
 def cmd_db_prune(args: argparse.Namespace) -> int:
+    from fleet_server.db import open_database  # noqa: PLC0415 - fleetctl starts light
+    from fleet_server.repository import Repository  # noqa: PLC0415
+    from fleet_server.retention.prune import prune  # noqa: PLC0415
+
     config = _config(args)
     engine = open_database(args.db_url or config.database_url)
     repo = Repository(config.repository_path) if args.config or not args.db_url else None

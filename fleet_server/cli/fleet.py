@@ -23,7 +23,6 @@ from agent.kernel.secrets import read_secret
 from fleet_server import timefmt
 from fleet_server.cli.db import add_db
 from fleet_server.errors import FleetError
-from fleet_server.rollout.spec import parse_duration, parse_selector
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 SERVER_ENV = "EDGEFLEET_SERVER"
@@ -153,6 +152,8 @@ def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
 
 
 def _selector(text: str) -> dict[str, str]:
+    from fleet_server.rollout.spec import parse_selector  # noqa: PLC0415 - only when given
+
     try:
         return parse_selector(text)
     except ValueError as exc:
@@ -160,6 +161,8 @@ def _selector(text: str) -> dict[str, str]:
 
 
 def _seconds(text: str) -> int:
+    from fleet_server.rollout.spec import parse_duration  # noqa: PLC0415 - only when given
+
     try:
         return parse_duration(text)
     except ValueError as exc:

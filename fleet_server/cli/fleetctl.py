@@ -17,6 +17,7 @@ import logging
 import sys
 
 from agent.kernel.errors import EdgefleetError
+from fleet_server.cli import logs
 from fleet_server.cli.bundle import add_bundle
 from fleet_server.cli.drift import add_drift
 from fleet_server.cli.fleet import add_fleet_commands
@@ -49,10 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(logging.INFO if args.verbose else logging.WARNING)
     try:
         code: int = args.func(args)
     except EdgefleetError as exc:

@@ -10,22 +10,18 @@ import re
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.kernel.durable import write_durable
+from fleet_server.cli.defaults import KEY_ROLES, PASSPHRASE_NAME
 from fleet_server.errors import FleetError
-from fleet_server.repository import (
-    ROLES,
-    KeyStore,
-    Passphrases,
-    Repository,
-    issue_directive,
-)
-from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
+
+if TYPE_CHECKING:
+    from fleet_server.repository import KeyStore
 
 _PASSPHRASE_HELP = (
     "passphrases are read from $NAME_<ROLE> or $NAME (NAME: --passphrase-name, default "
-    f"{DEFAULT_PASSPHRASE_NAME}), each first as a file in $CREDENTIALS_DIRECTORY, then "
+    f"{PASSPHRASE_NAME}), each first as a file in $CREDENTIALS_DIRECTORY, then "
     "from the environment; never from the command line"
 )
 _DURATION = re.compile(r"^([1-9][0-9]*)([smhd])$")
@@ -42,6 +38,11 @@ def parse_duration(text: str) -> timedelta:
 
 def open_keystore(args: argparse.Namespace) -> KeyStore:
     """The keystore of ``--keystore``, its passphrases named by ``--passphrase-name``."""
+    from fleet_server.repository import (  # noqa: PLC0415 - fleetctl starts light
+        KeyStore,
+        Passphrases,
+    )
+
     return KeyStore(args.keystore, Passphrases(args.passphrase_name))
 
 
@@ -52,6 +53,11 @@ def emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
 
 
 def cmd_keys_init(args: argparse.Namespace) -> int:
+    from fleet_server.repository import (  # noqa: PLC0415 - fleetctl starts light
+        KeyStore,
+        Passphrases,
+    )
+
     store = KeyStore.create(
         args.keystore,
         root_keys=args.root_keys,
@@ -78,6 +84,8 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    from fleet_server.repository import Repository  # noqa: PLC0415 - fleetctl starts light
+
     repo = Repository(args.repo)
     new = repo.rotate(args.role, open_keystore(args))
     root = repo.root().signed.version
@@ -86,6 +94,8 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_repo_init(args: argparse.Namespace) -> int:
+    from fleet_server.repository import Repository  # noqa: PLC0415 - fleetctl starts light
+
     repo = Repository(args.repo)
     repo.init(open_keystore(args))
     lines = [f"created repository {repo.path} (root v1, targets v1, snapshot v1, timestamp v1)"]
@@ -93,6 +103,8 @@ def cmd_repo_init(args: argparse.Namespace) -> int:
 
 
 def cmd_repo_refresh(args: argparse.Namespace) -> int:
+    from fleet_server.repository import Repository  # noqa: PLC0415 - fleetctl starts light
+
     repo = Repository(args.repo)
     store = open_keystore(args)
     if args.timestamp_only:
@@ -116,6 +128,11 @@ def cmd_repo_refresh(args: argparse.Namespace) -> int:
 
 
 def cmd_directive_issue(args: argparse.Namespace) -> int:
+    from fleet_server.repository import (  # noqa: PLC0415 - fleetctl starts light
+        Repository,
+        issue_directive,
+    )
+
     data = issue_directive(
         Repository(args.repo),
         open_keystore(args),
@@ -160,7 +177,7 @@ def add_options(
         parser.add_argument("--keystore", required=True, type=Path, metavar="DIR", help="keys")
         parser.add_argument(
             "--passphrase-name",
-            default=DEFAULT_PASSPHRASE_NAME,
+            default=PASSPHRASE_NAME,
             metavar="NAME",
             help=_PASSPHRASE_HELP,
         )
@@ -190,7 +207,7 @@ def add_keys(commands: Any) -> None:
         actions, "rotate", "replace a role's keys and publish a new root (or targets)",
         "fleetctl keys rotate root --keystore keys --repo repo", cmd_keys_rotate,
     )  # fmt: skip
-    rotate.add_argument("role", choices=ROLES, help="the role whose keys are replaced")
+    rotate.add_argument("role", choices=KEY_ROLES, help="the role whose keys are replaced")
     add_options(rotate, repo=True, keystore=True)
 
 

@@ -18,21 +18,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-from sqlalchemy.engine import make_url
+from typing import TYPE_CHECKING
 
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
 from agent.kernel.signals import SignalRelay
-from fleet_server.broker.fleet import shard_addresses
+from fleet_server.cli import logs
+from fleet_server.cli.defaults import DEFAULT_CONFIG
 from fleet_server.cli.setup import add_parser as add_setup_parser
-from fleet_server.cluster.status import cluster_status, render
-from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config
-from fleet_server.db import make_engine
-from fleet_server.jobs import DriftRunner, RolloutRunner
-from fleet_server.retention.runner import RetentionRunner
-from fleet_server.serve import FleetServer, ServiceFactory
-from fleet_server.services import FileService, IngestService
+
+if TYPE_CHECKING:
+    from fleet_server.config import FleetServerConfig
+    from fleet_server.serve import ServiceFactory
 
 EXIT_ERROR = 2
 EXIT_PART_DIED = 1
@@ -52,11 +49,21 @@ def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     """The services ``serve`` starts with the server: the ingest workers, the file
     server, the rollout service (which also answers the API's rollout endpoints), the
     drift job, and retention."""
+    from fleet_server.jobs import (  # noqa: PLC0415 - each command imports its own
+        DriftRunner,
+        RolloutRunner,
+    )
+    from fleet_server.retention.runner import RetentionRunner  # noqa: PLC0415
+    from fleet_server.services import FileService, IngestService  # noqa: PLC0415
+
     del config
     return [IngestService, FileService, RolloutRunner, DriftRunner, RetentionRunner]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from fleet_server.config import load_config  # noqa: PLC0415 - each command imports its own
+    from fleet_server.serve import FleetServer  # noqa: PLC0415
+
     cfg = load_config(Path(args.config))
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     stop = threading.Event()
@@ -98,6 +105,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from sqlalchemy.engine import make_url  # noqa: PLC0415 - each command imports its own
+
+    from fleet_server.broker.fleet import shard_addresses  # noqa: PLC0415
+    from fleet_server.config import load_config  # noqa: PLC0415
+
     cfg = load_config(Path(args.config))
     report = {
         "config": args.config,
@@ -143,6 +155,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from fleet_server.cluster.status import (  # noqa: PLC0415 - each command imports its own
+        cluster_status,
+        render,
+    )
+    from fleet_server.config import load_config  # noqa: PLC0415
+    from fleet_server.db import make_engine  # noqa: PLC0415
+
     cfg = load_config(Path(args.config))
     engine = make_engine(cfg.database_url)
     try:
@@ -155,6 +174,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_brokers(args: argparse.Namespace) -> int:
     from fleet_server.broker.runner import open_brokers, run_brokers  # noqa: PLC0415
+    from fleet_server.config import load_config  # noqa: PLC0415
 
     cfg = load_config(Path(args.config))
     logging.getLogger().setLevel(cfg.server.log_level.upper())
@@ -223,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logs.configure(logging.INFO)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -32,28 +32,22 @@ import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy.engine import make_url
+from typing import TYPE_CHECKING, Any
 
 from agent.kernel.durable import make_dirs, write_durable
 from agent.kernel.errors import ConfigError, EdgefleetError
-from agent.kernel.toml import parse_toml
-from fleet_server.auth import PasswordHasher, add_user, check_username, get_user
-from fleet_server.auth.passwords import MAX_PASSWORD, check_new_password
-from fleet_server.ca import FleetCA
-from fleet_server.config import DEFAULT_CONFIG, FleetServerConfig, load_config, parse_config
-from fleet_server.db import open_database
+from fleet_server.cli.defaults import DEFAULT_CONFIG, PASSPHRASE_NAME
 from fleet_server.errors import FleetError
-from fleet_server.repository import KeyStore, Passphrases, Repository
-from fleet_server.repository.keys import DEFAULT_PASSPHRASE_NAME
+
+if TYPE_CHECKING:
+    from fleet_server.config import FleetServerConfig
+    from fleet_server.repository import Passphrases
 
 EXIT_ERROR = 2
 DEFAULT_STATE_DIR = "/var/lib/edgefleet/server"
 DEFAULT_CREDENTIALS = "/etc/edgefleet/credentials/server"
 SERVICE_USER = "edgefleet-server"
 TOKEN_NAME = "EDGEFLEET_API_TOKEN"  # noqa: S105 - a credential's name
-PASSPHRASE_NAME = DEFAULT_PASSPHRASE_NAME
 SECRET_BYTES = 32
 CONFIG_MODE = 0o640
 SECRET_MODE = 0o600
@@ -174,6 +168,8 @@ def render(args: argparse.Namespace, state_dir: Path) -> str:
 def _check_database(url: str | None) -> None:
     if not url:
         return
+    from sqlalchemy.engine import make_url  # noqa: PLC0415 - fleet-server starts light
+
     try:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - sqlalchemy raises several kinds; the config names it
@@ -191,6 +187,10 @@ def _read_password(args: argparse.Namespace) -> tuple[str | None, bool]:
     if args.admin is None:
         return None, False
     if args.password_stdin:
+        from fleet_server.auth.passwords import (  # noqa: PLC0415 - fleet-server starts light
+            MAX_PASSWORD,
+        )
+
         line = sys.stdin.readline(MAX_PASSWORD + 2)
         return line.removesuffix("\n").removesuffix("\r"), False
     return secrets.token_urlsafe(18), True
@@ -216,6 +216,10 @@ def _plan(args: argparse.Namespace) -> tuple[Path, Path, Path, FleetServerConfig
     Raises:
         SetupError: the input is bad (nothing written).
     """
+    from agent.kernel.toml import parse_toml  # noqa: PLC0415 - fleet-server starts light
+    from fleet_server.auth import check_username  # noqa: PLC0415
+    from fleet_server.config import parse_config  # noqa: PLC0415
+
     config = Path(args.config)
     if config.exists() and not args.force:
         raise SetupError(str(config), "exists; nothing changed (give --force to write it again)")
@@ -247,6 +251,9 @@ def _chown_tree(path: Path, owner: _Owner) -> None:
 
 
 def _make_state(cfg: FleetServerConfig, passphrases: Passphrases, report: Report) -> None:
+    from fleet_server.ca import FleetCA  # noqa: PLC0415 - fleet-server starts light
+    from fleet_server.repository import KeyStore, Repository  # noqa: PLC0415
+
     make_dirs(cfg.state_dir.parent, mode=0o755)  # the service user passes through
     make_dirs(cfg.state_dir, mode=0o700)
     store = KeyStore(cfg.keystore_path, passphrases)
@@ -278,6 +285,13 @@ def _make_state(cfg: FleetServerConfig, passphrases: Passphrases, report: Report
 def _add_admin(
     cfg: FleetServerConfig, args: argparse.Namespace, password: str | None, report: Report
 ) -> None:
+    from fleet_server.auth import (  # noqa: PLC0415 - fleet-server starts light
+        PasswordHasher,
+        add_user,
+        get_user,
+    )
+    from fleet_server.db import open_database  # noqa: PLC0415
+
     engine = open_database(cfg.database_url)
     try:
         if args.admin is None or password is None:
@@ -302,6 +316,13 @@ def setup_server(args: argparse.Namespace) -> Report:
         SetupError: bad input (nothing written) or a step that failed.
         FleetError: the keystore, repository, CA or database refused (named).
     """
+    from fleet_server.auth.passwords import (  # noqa: PLC0415 - fleet-server starts light
+        check_new_password,
+    )
+    from fleet_server.ca import FleetCA  # noqa: PLC0415
+    from fleet_server.config import load_config  # noqa: PLC0415
+    from fleet_server.repository import KeyStore, Passphrases  # noqa: PLC0415
+
     config, state_dir, creds, cfg, text = _plan(args)
     owner = _owner(args.owner)
     password, generated = _read_password(args)

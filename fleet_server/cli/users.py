@@ -17,29 +17,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy.engine import Engine
+from typing import TYPE_CHECKING, Any
 
 from fleet_server import timefmt
-from fleet_server.auth import (
-    ROLES,
-    AuthError,
-    PasswordHasher,
-    UnknownUser,
-    UserExists,
-    add_user,
-    check_username,
-    count_sessions,
-    get_user,
-    list_users,
-    set_disabled,
-    set_password,
-    set_role,
-)
-from fleet_server.auth.passwords import MAX_PASSWORD
-from fleet_server.config import DEFAULT_CONFIG, load_config
-from fleet_server.db import open_database
+from fleet_server.cli.defaults import DEFAULT_CONFIG, USER_ROLES
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 EXAMPLES = """\
 examples:
@@ -56,11 +40,15 @@ the fleet database directly (and bring its schema up to date).
 def _database_url(args: argparse.Namespace) -> str:
     if args.db_url:
         return str(args.db_url)
+    from fleet_server.config import load_config  # noqa: PLC0415 - fleetctl starts light
+
     return load_config(Path(args.config or DEFAULT_CONFIG)).database_url
 
 
 @contextmanager
 def _database(args: argparse.Namespace) -> Iterator[Engine]:
+    from fleet_server.db import open_database  # noqa: PLC0415 - fleetctl starts light
+
     engine = open_database(_database_url(args))
     try:
         yield engine
@@ -74,6 +62,9 @@ def read_password(args: argparse.Namespace, username: str) -> str:
     Raises:
         AuthError: none given, the variable is unset, or the two entries differ.
     """
+    from fleet_server.auth import AuthError  # noqa: PLC0415 - fleetctl starts light
+    from fleet_server.auth.passwords import MAX_PASSWORD  # noqa: PLC0415
+
     if args.password_stdin:
         line = sys.stdin.readline(MAX_PASSWORD + 2)
         return line.removesuffix("\n").removesuffix("\r")
@@ -98,6 +89,14 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
 
 
 def cmd_users_add(args: argparse.Namespace) -> int:
+    from fleet_server.auth import (  # noqa: PLC0415 - fleetctl starts light
+        PasswordHasher,
+        UserExists,
+        add_user,
+        check_username,
+        get_user,
+    )
+
     check_username(args.name)
     with _database(args) as engine:
         if get_user(engine, args.name) is not None:
@@ -109,6 +108,13 @@ def cmd_users_add(args: argparse.Namespace) -> int:
 
 
 def cmd_users_passwd(args: argparse.Namespace) -> int:
+    from fleet_server.auth import (  # noqa: PLC0415 - fleetctl starts light
+        PasswordHasher,
+        UnknownUser,
+        get_user,
+        set_password,
+    )
+
     with _database(args) as engine:
         if get_user(engine, args.name) is None:
             raise UnknownUser(args.name)
@@ -119,12 +125,16 @@ def cmd_users_passwd(args: argparse.Namespace) -> int:
 
 
 def cmd_users_role(args: argparse.Namespace) -> int:
+    from fleet_server.auth import set_role  # noqa: PLC0415 - fleetctl starts light
+
     with _database(args) as engine:
         set_role(engine, args.name, args.role)
     return _emit(args, {"username": args.name, "role": args.role}, f"{args.name} is {args.role}")
 
 
 def cmd_users_disable(args: argparse.Namespace) -> int:
+    from fleet_server.auth import set_disabled  # noqa: PLC0415 - fleetctl starts light
+
     disabled = args.action == "disable"
     with _database(args) as engine:
         set_disabled(engine, args.name, disabled)
@@ -137,6 +147,11 @@ def _stamp(ts: float) -> str:
 
 
 def cmd_users_list(args: argparse.Namespace) -> int:
+    from fleet_server.auth import (  # noqa: PLC0415 - fleetctl starts light
+        count_sessions,
+        list_users,
+    )
+
     with _database(args) as engine:
         users = list_users(engine)
         sessions = count_sessions(engine)
@@ -215,7 +230,7 @@ def add_users_commands(commands: Any) -> None:
         secret,
     )
     add.add_argument("name", help="user name: 1-64 of a-z 0-9 . _ -")
-    add.add_argument("--role", required=True, choices=ROLES, help="what the user may do")
+    add.add_argument("--role", required=True, choices=USER_ROLES, help="what the user may do")
     add.set_defaults(func=cmd_users_add)
     passwd = action(
         "passwd",
@@ -233,7 +248,7 @@ def add_users_commands(commands: Any) -> None:
         "fleetctl users role bob line-manager --config fleet.toml",
     )
     role.add_argument("name", help="user name")
-    role.add_argument("role", choices=ROLES, help="the new role")
+    role.add_argument("role", choices=USER_ROLES, help="the new role")
     role.set_defaults(func=cmd_users_role)
     for name, text in (
         ("disable", "stop a user signing in (ends their sessions)"),
