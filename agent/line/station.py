@@ -46,6 +46,18 @@ def part_id_text(value: Any) -> str:
     return "".join(ch for ch in text if ch.isprintable())[:MAX_PART_ID]
 
 
+def _last_of_runs(writes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``writes`` with each run of consecutive results cut to its last one (handshake-only
+    writes, which hold no ``seq``, are kept where they are)."""
+    out: list[dict[str, Any]] = []
+    for values in writes:
+        if out and "seq" in values and "seq" in out[-1]:
+            out[-1] = values
+        else:
+            out.append(values)
+    return out
+
+
 class Station:
     """One ``[[stations]]`` entry, running.
 
@@ -258,8 +270,14 @@ class Station:
 
     # -- outputs ---------------------------------------------------------------------
     def _carry_out(self, fx: Effects) -> None:
-        """Queue ``fx``'s writes and tell the listeners (under the station's lock)."""
-        for values in fx.writes:
+        """Queue ``fx``'s writes and tell the listeners (under the station's lock).
+
+        Results that follow one another in one step (a result and the overruns answered
+        after it) overwrite the same outputs: only the last is written (its ``seq`` tells
+        the PLC how many came), so a burst of overruns costs the PLC one write, not one
+        each; every result still goes to the listeners (the OPC UA events, the Modbus
+        server's registers) and the counts."""
+        for values in _last_of_runs(fx.writes):
             self._write(values)
         for result in fx.results:
             self._tell(result)

@@ -239,10 +239,11 @@ def _toml(cfg: dict[str, Any]) -> str:
 
 
 def _wait_results(plc: BenchPlc, n: int) -> bool:
+    """Wait until a result with sequence number ``n`` or later reached the PLC."""
     deadline = time.monotonic() + RESULT_WAIT_S
-    while plc.clock.count() < n and time.monotonic() < deadline:
+    while plc.clock.top() < n and time.monotonic() < deadline:
         time.sleep(0.001)
-    return plc.clock.count() >= n
+    return plc.clock.top() >= n
 
 
 def _phase(plc: BenchPlc, triggers: int, rate: float | None) -> list[tuple[int, int]]:
@@ -264,10 +265,15 @@ def _phase(plc: BenchPlc, triggers: int, rate: float | None) -> list[tuple[int, 
 
 
 def _judge(plc: BenchPlc, sent: list[tuple[int, int]]) -> dict[str, Any]:
+    """What the PLC saw for ``sent``: a result with sequence number n answers trigger n
+    and every trigger before it (a station writes only the last of results it makes at
+    once, a result and the overruns answered after it); latency for the ones whose own
+    result was written."""
     _wait_results(plc, sent[-1][0])
     with plc.clock.lock:
         seen = list(plc.clock.seen)
     by_seq = {s.seq: s for s in seen}
+    top = max((s.seq for s in seen), default=0)
     latencies: list[float] = []
     every: list[float] = []
     statuses = dict.fromkeys(STATUS_CODES, 0)
@@ -275,15 +281,17 @@ def _judge(plc: BenchPlc, sent: list[tuple[int, int]]) -> dict[str, Any]:
     for number, t_ns in sent:
         s = by_seq.get(number)
         if s is None:
+            if number <= top:  # answered inside a later write: an overrun's fail-safe
+                statuses["overrun"] += 1
             continue
-        statuses[names.get(s.status, "unknown")] = (
-            statuses.get(names.get(s.status, "unknown"), 0) + 1
-        )
+        word = names.get(s.status, "unknown")
+        statuses[word] = statuses.get(word, 0) + 1
         every.append((s.t_ns - t_ns) / 1e6)
-        if names.get(s.status) == "ok":
+        if word == "ok":
             latencies.append((s.t_ns - t_ns) / 1e6)
-    answered = sum(1 for n, _ in sent if n in by_seq)
-    once = len([s for s in seen if sent[0][0] <= s.seq <= sent[-1][0]]) == answered
+    answered = sum(1 for n, _ in sent if n <= top)
+    seqs = [s.seq for s in seen]
+    once = seqs == sorted(set(seqs))  # no sequence number written twice, none backwards
     return {
         "triggers": len(sent),
         "answered": answered,

@@ -53,6 +53,11 @@ class ResultClock:
         with self.lock:
             return len(self.seen)
 
+    def top(self) -> int:
+        """The highest sequence number seen (0: none yet)."""
+        with self.lock:
+            return max((s.seq for s in self.seen), default=0)
+
 
 class BenchOpcUaPlc(OpcUaPlc):
     """The OPC UA PLC with the station's Status variable and a clock on results."""

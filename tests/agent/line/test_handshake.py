@@ -137,3 +137,19 @@ def test_every_trigger_is_answered_exactly_once_in_order(steps: list[tuple[str, 
     assert len({r.trigger_seq for r in results}) == len(results)
     assert [r.seq for r in results] == list(range(1, len(results) + 1))
     assert all(r.status == "ok" or r.outcome == "reject" for r in results)
+
+
+def test_a_result_and_the_overruns_after_it_cost_the_plc_one_write() -> None:
+    from agent.line.station import _last_of_runs
+
+    hs = _hs()
+    first = hs.trigger("A", 0, 0.0).start
+    hs.trigger("B", 1, 0.0)
+    hs.trigger("C", 2, 0.0)
+    assert first is not None
+    fx = hs.decided(first, Answer("pass"), 3 * MS)
+    assert [r.seq for r in fx.results] == [1, 2, 3]  # every result to the listeners
+    (written,) = _last_of_runs(fx.writes)  # the PLC: the last one, seq 3
+    assert (written["seq"], written["part_id"], written["result_valid"]) == (3, "C", True)
+    busy = {"busy": True, "result_valid": False}
+    assert _last_of_runs([busy, *fx.writes]) == [busy, written]
