@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     b = sub.add_parser(
         "bench",
-        help="run a bench: fleet, drain, ingest, review, restart, retention or decode "
+        help="run a bench: fleet, drain, ingest, review, restart, retention, decode or line "
         "(its flags follow its name)",
         epilog="example: hil bench review --decisions 100000 --devices 100 --json out.json\n"
         "         hil bench drain --help",
