@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.config import AgentConfig, load_config
 from agent.discovery.cli import add_parser as add_cameras_parser
 from agent.echo import echo_decision
 from agent.errors import AgentError
@@ -27,7 +27,9 @@ from agent.kernel.sdnotify import Notifier, forget
 from agent.kernel.signals import SignalRelay
 from agent.setup.cli import add_parser as add_setup_parser
 from agent.watchdog import HotPathWatch
-from runtime.errors import EdgeRuntimeError
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,19 @@ EPILOG_RUN = """example:
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
+    from agent.config import load_config  # noqa: PLC0415 - edge-agent starts light
+
     return load_config(Path(args.config))
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The errors ``main`` reports in one line: the library's, and the runtime's when a
+    command imported the runtime (one that did not can't have raised its errors, and
+    importing them for every command would cost each start NumPy and OpenCV)."""
+    runtime_errors = sys.modules.get("runtime.errors")
+    if runtime_errors is None:
+        return (EdgefleetError,)
+    return (EdgefleetError, runtime_errors.EdgeRuntimeError)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -439,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("decisions show: give a decision id")
     try:
         return int(args.func(args))
-    except (EdgefleetError, EdgeRuntimeError) as e:
+    except _reported_errors() as e:
         print(f"edge-agent: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -143,9 +143,10 @@ def add_parsers(
     """Add ``install`` (unless ``install`` is false: the agent's CLI has its own, signed
     one), ``bundles`` and ``rollback`` to the agent's subparsers; each sets
     ``func(args)``, which loads the agent config named by ``--config``."""
-    from agent.config import load_config  # noqa: PLC0415 - only when a command runs
 
     def state(args: argparse.Namespace) -> tuple[Path, str]:
+        from agent.config import load_config  # noqa: PLC0415 - only when a command runs
+
         cfg = load_config(Path(args.config))
         return cfg.agent.state_dir, cfg.agent.profile
 

@@ -24,9 +24,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.kernel.durable import make_dirs, write_durable
-from runtime.profiles import Profile
+
+if TYPE_CHECKING:
+    from runtime.profiles import Profile
 
 UNIT = "edgefleet-agent.service"
 DEFAULT_DIR = Path("/etc/systemd/system") / f"{UNIT}.d"
