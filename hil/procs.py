@@ -6,6 +6,7 @@ find what to measure or kill with these."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 
@@ -50,3 +51,20 @@ def agent_children(supervisor: int) -> dict[str, int]:
         if b"agent.child" in argv and role:
             found[role] = kid
     return found
+
+
+def wait_stopped(pid: int, timeout_s: float = 5.0) -> bool:
+    """Wait (bounded) until process ``pid`` is stopped (``T`` in /proc/PID/stat) after a
+    SIGSTOP, which the kernel delivers asynchronously; whether it is (False: it ran on, or
+    is gone)."""
+    deadline = time.monotonic() + timeout_s
+    stat = Path(f"/proc/{pid}/stat")
+    while time.monotonic() < deadline:
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("T", "t"):
+            return True
+        time.sleep(0.001)
+    return False

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hil.loopback import free_port
+from hil.procs import wait_stopped
 
 LOGIX_STRING = "LOGIX_STRING"
 """The type name this wrapper adds for a Logix STRING structure."""
@@ -157,9 +158,11 @@ class LogixPlc:
         raise RuntimeError(f"the Logix simulator did not listen on {self.host}:{self.port}")
 
     def pause(self) -> None:
-        """SIGSTOP it: connections stay open and nothing answers (a stalled controller)."""
+        """SIGSTOP it: connections stay open and nothing answers (a stalled controller).
+        Returns once the kernel shows it stopped (a signal is delivered asynchronously)."""
         if self.proc is not None:
             os.kill(self.proc.pid, signal.SIGSTOP)
+            wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         """SIGCONT it after :meth:`pause`."""

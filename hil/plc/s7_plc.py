@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hil.loopback import free_port
+from hil.procs import wait_stopped
 
 MAX_DB_SIZE = 65_536
 
@@ -126,9 +127,12 @@ class S7Plc:
         raise RuntimeError(f"the S7 server did not listen on {self.host}:{self.port}")
 
     def pause(self) -> None:
-        """SIGSTOP it: connections stay open and nothing answers (a stalled CPU)."""
+        """SIGSTOP it: connections stay open and nothing answers (a stalled CPU). Returns
+        once the kernel shows it stopped (a signal is delivered asynchronously: on a busy
+        machine the process could still answer a request just after ``kill``)."""
         if self.proc is not None:
             os.kill(self.proc.pid, signal.SIGSTOP)
+            wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         """SIGCONT it after :meth:`pause`."""
