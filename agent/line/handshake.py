@@ -100,8 +100,11 @@ class Handshake:
         """A trigger seen at ``t_ns``; ``missed`` triggers before it were never seen (a
         counter that stepped by more than one): they are overruns."""
         fx = Effects()
-        for _ in range(max(0, missed)):
+        missed = max(0, missed)
+        for _ in range(min(missed, MAX_BACKLOG)):
             self._overrun(self._new(t_ns, wall_time, ""), fx)
+        if missed > MAX_BACKLOG:  # a counter that jumped far: counted, answered as one jump
+            self._fold(missed - MAX_BACKLOG)
         trig = self._new(t_ns, wall_time, part_id)
         if self.state == "busy":
             self._overrun(trig, fx)
@@ -177,6 +180,18 @@ class Handshake:
         return Trigger(
             self.station, self.trigger_seq, t_ns, wall_time, part_id, t_ns + self.deadline_ns
         )
+
+    def _fold(self, n: int) -> None:
+        """``n`` triggers never seen, past the backlog's bound: counted as overruns
+        answered at once (their sequence numbers are skipped: the next result's tells the
+        PLC how many), without a result each (a counter that jumps by millions must not
+        make millions of results)."""
+        self.trigger_seq += n
+        self.result_seq += n
+        self.counts.triggers += n
+        self.counts.answered += n
+        self.counts.overruns += n
+        self.counts.overruns_folded += n
 
     def _overrun(self, trig: Trigger, fx: Effects) -> None:
         self.counts.overruns += 1

@@ -153,3 +153,15 @@ def test_a_result_and_the_overruns_after_it_cost_the_plc_one_write() -> None:
     assert (written["seq"], written["part_id"], written["result_valid"]) == (3, "C", True)
     busy = {"busy": True, "result_valid": False}
     assert _last_of_runs([busy, *fx.writes]) == [busy, written]
+
+
+def test_a_counter_that_jumps_by_millions_is_counted_not_answered_one_by_one() -> None:
+    hs = _hs()
+    fx = hs.trigger("X", 0, 0.0, missed=5_000_000)
+    assert len(fx.results) == MAX_BACKLOG  # bounded work, whatever the jump
+    assert hs.counts.overruns == 5_000_000
+    assert hs.counts.triggers == hs.counts.answered + 1  # all but the one now deciding
+    assert fx.start is not None
+    assert fx.start.seq == 5_000_001
+    done = hs.decided(fx.start, Answer("pass"), MS)
+    assert done.results[0].seq == 5_000_001  # the PLC sees the jump in seq
