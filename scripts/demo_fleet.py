@@ -87,8 +87,8 @@ outputs = [
   {{ point = "{ns};s=OutcomeCode", type = "int16", value = "outcome_code" }},
   {{ point = "{ns};s=Reject", type = "bool", value = "outcome_is", outcome = "reject" }},
   {{ point = "{ns};s=DecisionId", type = "string", value = "decision_id" }},
-  {{ point = "{ns};s=Seq", type = "uint32", value = "seq" }},
   {{ point = "{ns};s=Status", type = "uint16", value = "status" }},
+  {{ point = "{ns};s=Seq", type = "uint32", value = "seq" }},  # last: written after the rest
 ]
 """
 CAMERA = """
@@ -200,6 +200,7 @@ class LinePlc:
         self.seen: list[tuple[str, int, bool, str, float, int]] = []
         """(part id, outcome code, reject bit, decision id, trigger-to-result ms, status)."""
         self.unanswered = 0
+        self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-plc", daemon=True)
 
@@ -214,28 +215,36 @@ class LinePlc:
         n = 0
         while not self._stop.wait(TRIGGER_PERIOD_S):
             n += 1
-            part = f"CARD-{n:05d}"
-            before = self.plc.get("Seq")
-            self.plc.set("PartId", part)
-            t0 = time.perf_counter()
-            self.plc.set("TriggerCount", n)
-            while time.perf_counter() - t0 < STATION_DEADLINE_MS / 1000 * 2:
-                if self.plc.get("Seq") != before:
-                    ms = (time.perf_counter() - t0) * 1000
-                    self.seen.append(
-                        (
-                            part,
-                            int(self.plc.get("OutcomeCode")),
-                            bool(self.plc.get("Reject")),
-                            str(self.plc.get("DecisionId")),
-                            ms,
-                            int(self.plc.get("Status")),
-                        )
+            try:
+                self._part(n)
+            except Exception as exc:  # noqa: BLE001 - a demo PLC that stopped would stop the cards
+                self.errors += 1
+                if self.errors <= 3:
+                    print(f"   the PLC: card {n}: {type(exc).__name__}: {exc}", flush=True)
+
+    def _part(self, n: int) -> None:
+        part = f"CARD-{n:05d}"
+        before = self.plc.get("Seq")
+        self.plc.set("PartId", part)
+        t0 = time.perf_counter()
+        self.plc.set("TriggerCount", n)
+        while time.perf_counter() - t0 < STATION_DEADLINE_MS / 1000 * 2:
+            if self.plc.get("Seq") != before:
+                ms = (time.perf_counter() - t0) * 1000
+                self.seen.append(
+                    (
+                        part,
+                        int(self.plc.get("OutcomeCode")),
+                        bool(self.plc.get("Reject")),
+                        str(self.plc.get("DecisionId")),
+                        ms,
+                        int(self.plc.get("Status")),
                     )
-                    break
-                time.sleep(0.002)
-            else:
-                self.unanswered += 1
+                )
+                break
+            time.sleep(0.002)
+        else:
+            self.unanswered += 1
 
     def report(self) -> None:
         names = {1: "pass", 2: "reject", 3: "review"}
@@ -296,7 +305,14 @@ def main() -> int:
     )
     local = start_broker(d)
     local_port = local.port
-    plc = OpcUaPlc(d / "plc", variables=(*LINE_VARIABLES, Variable("Reject", "bool", False)))
+    plc = OpcUaPlc(
+        d / "plc",
+        variables=(
+            *LINE_VARIABLES,
+            Variable("Reject", "bool", False),
+            Variable("Status", "uint16", 0),
+        ),
+    )
     plc.start()
     line_plc = LinePlc(plc)
     procs: list[subprocess.Popen[bytes]] = []
