@@ -54,6 +54,9 @@ class TriggeredSource:
         self.software_trigger = software_trigger
         self._cond = threading.Condition()
         self._armed: Trigger | None = None
+        self._held: TriggeredFrame | None = None
+        """A triggered frame a stopping pipeline gave back (a reload): the next one
+        decides it."""
         self.no_frame = 0
         """Triggers whose frame did not come before their deadline."""
         self.stale_frames = 0
@@ -73,10 +76,21 @@ class TriggeredSource:
         if self.software_trigger and camera is not None:
             camera.software_trigger()
 
+    def give_back(self, item: TriggeredFrame) -> None:
+        """A pipeline that stopped (a reload) took ``item`` and did not decide it: the
+        next :meth:`latest` returns it, so its trigger still gets its decision (late, it
+        is logged marked deadline_missed) instead of none."""
+        with self._cond:
+            self._held = item
+            self._cond.notify_all()
+
     def latest(self, timeout_s: float) -> Any:
         """The frame for the armed trigger, waiting up to ``timeout_s`` for a trigger (and
         then for its frame, see :data:`FRAME_WAIT_S`); None when none came."""
         with self._cond:
+            held, self._held = self._held, None
+            if held is not None:
+                return held
             if self._armed is None:
                 self._cond.wait(timeout_s)
             trigger, self._armed = self._armed, None

@@ -280,6 +280,9 @@ class PipelineRunner:
                 item = self.source.latest(timeout_s=_POLL_S)
                 if item is None or self._stop.is_set():
                     self._places.release()
+                    give_back = getattr(self.source, "give_back", None)
+                    if item is not None and give_back is not None:
+                        give_back(item)  # a triggered frame: the next runner decides it
                     continue
                 self.stats.taken += 1
                 try:
