@@ -20,18 +20,11 @@ simulator accepts connections, and can pause (SIGSTOP), resume and kill it.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from hil.loopback import free_port
-from hil.procs import wait_stopped
+from hil.plc.process import ProcessPlc
 
 LOGIX_STRING = "LOGIX_STRING"
 """The type name this wrapper adds for a Logix STRING structure."""
@@ -102,7 +95,7 @@ def _serve(argv: list[str]) -> None:
     main(argv=rewritten, attribute_class=Attribute)
 
 
-class LogixPlc:
+class LogixPlc(ProcessPlc):
     """cpppo's Logix simulator in a subprocess on ``127.0.0.1:port``.
 
     Args:
@@ -114,78 +107,27 @@ class LogixPlc:
             (``Name=SSTRING``).
     """
 
+    WHAT = "the Logix simulator"
+
     def __init__(
         self, tags: list[str], logdir: Path, host: str = "127.0.0.1", simple: bool = False
     ) -> None:
         self.tags = list(tags)
         self.simple = simple
-        self.host = host
-        self.port = free_port(host)
-        self.log = logdir / "logix_plc.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(logdir / "logix_plc.log", host)
 
-    def start(self, timeout_s: float = 20.0) -> None:
-        """Run the simulator and return once it accepts connections.
-
-        Raises:
-            RuntimeError: it exited or did not listen within ``timeout_s``.
-        """
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "hil.plc.logix_plc",
-                    "--address",
-                    f"{self.host}:{self.port}",
-                    *(["--simple"] if self.simple else []),
-                    *self.tags,
-                ],
-                stdout=log,
-                stderr=log,
-                cwd=Path(__file__).resolve().parents[2],
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the Logix simulator exited: {self.log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the Logix simulator did not listen on {self.host}:{self.port}")
-
-    def pause(self) -> None:
-        """SIGSTOP it: connections stay open and nothing answers (a stalled controller).
-        Returns once the kernel shows it stopped (a signal is delivered asynchronously)."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            wait_stopped(self.proc.pid)
-
-    def resume(self) -> None:
-        """SIGCONT it after :meth:`pause`."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        """Kill it and reap it (bounded); :meth:`start` may run it again on the same port."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.resume()
-            self.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-        self.proc = None
-
-    def __enter__(self) -> LogixPlc:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def argv(self) -> list[str]:
+        simple = ["--simple"] if self.simple else []
+        address = f"{self.host}:{self.port}"
+        return [
+            sys.executable,
+            "-m",
+            "hil.plc.logix_plc",
+            "--address",
+            address,
+            *simple,
+            *self.tags,
+        ]
 
 
 def main() -> None:

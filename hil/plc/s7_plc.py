@@ -19,18 +19,12 @@ accepts connections, and can pause (SIGSTOP), resume and kill it.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hil.loopback import free_port
-from hil.procs import wait_stopped
+from hil.plc.process import ProcessPlc
 
 MAX_DB_SIZE = 65_536
 
@@ -79,7 +73,7 @@ def serve(host: str, port: int, dbs: dict[int, int]) -> None:
         server.stop()
 
 
-class S7Plc:
+class S7Plc(ProcessPlc):
     """python-snap7's S7 server in a subprocess on ``127.0.0.1:port``.
 
     Args:
@@ -87,75 +81,15 @@ class S7Plc:
         logdir: where its output goes (``s7_plc.log``).
     """
 
+    WHAT = "the S7 server"
+
     def __init__(self, dbs: dict[int, int], logdir: Path, host: str = "127.0.0.1") -> None:
         self.dbs = dict(dbs)
-        self.host = host
-        self.port = free_port(host)
-        self.log = logdir / "s7_plc.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(logdir / "s7_plc.log", host)
 
-    def start(self, timeout_s: float = 20.0) -> None:
-        """Run the server and return once it accepts connections.
-
-        Raises:
-            RuntimeError: it exited or did not listen within ``timeout_s``.
-        """
-        args = [f"--db={n}:{size}" for n, size in self.dbs.items()]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "hil.plc.s7_plc",
-                    f"--address={self.host}:{self.port}",
-                    *args,
-                ],
-                stdout=log,
-                stderr=log,
-                cwd=Path(__file__).resolve().parents[2],
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the S7 server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the S7 server did not listen on {self.host}:{self.port}")
-
-    def pause(self) -> None:
-        """SIGSTOP it: connections stay open and nothing answers (a stalled CPU). Returns
-        once the kernel shows it stopped (a signal is delivered asynchronously: on a busy
-        machine the process could still answer a request just after ``kill``)."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            wait_stopped(self.proc.pid)
-
-    def resume(self) -> None:
-        """SIGCONT it after :meth:`pause`."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        """Kill it and reap it (bounded); :meth:`start` may run it again on the same port."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.resume()
-            self.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-        self.proc = None
-
-    def __enter__(self) -> S7Plc:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def argv(self) -> list[str]:
+        dbs = [f"--db={n}:{size}" for n, size in self.dbs.items()]
+        return [sys.executable, "-m", "hil.plc.s7_plc", f"--address={self.host}:{self.port}", *dbs]
 
 
 def _db(text: str) -> tuple[int, int]:

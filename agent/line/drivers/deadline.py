@@ -19,10 +19,13 @@ watchdog 20 wake-ups a second, not two per call.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+
+log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 3600.0
 CHECK_S = 0.05
@@ -113,3 +116,25 @@ class CallDeadline:
                     # Not connected yet (ENOTCONN) or closed already: nothing to wake.
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
+
+
+def close_bounded(
+    deadline: CallDeadline | None,
+    timeout_s: float,
+    get_socket: Callable[[], socket.socket | None],
+    close: Callable[[], object],
+    link: str,
+) -> None:
+    """A driver's close: the library's own (a forward close, an ISO disconnect: one round
+    trip) under ``deadline`` like any call, then the watchdog stopped. Never raises: the
+    socket is gone either way, and what failed is logged at debug level."""
+    try:
+        if deadline is not None:
+            with deadline.guard(timeout_s, get_socket):
+                close()
+        else:
+            close()
+    except Exception as exc:  # noqa: BLE001 - close never raises
+        log.debug("plc %s: close: %s", link, exc)
+    if deadline is not None:
+        deadline.close()

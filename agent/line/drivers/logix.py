@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.line.drivers.base import Driver, Point, wrap
 from agent.line.drivers.configs import LogixLinkConfig
-from agent.line.drivers.deadline import CallDeadline
+from agent.line.drivers.deadline import CallDeadline, close_bounded
 from agent.line.errors import LineError
 from agent.line.values import VALUE_TYPES, ValueMismatch, ValueType, coerce
 
@@ -234,17 +234,11 @@ class LogixDriver(Driver):
         """Close the CIP connection and the session; never raises."""
         plc, self._plc = self._plc, None
         deadline, self._deadline = self._deadline, None
-        if plc is not None:
-            try:
-                # A forward close is one round trip: bounded like any call.
-                if deadline is not None:
-                    with deadline.guard(self.timeout_s, lambda: plc.conn.Socket):
-                        plc.Close()
-                else:
-                    plc.Close()
-            except Exception:  # noqa: BLE001, S110 - close never raises; the socket is gone
-                pass
-        if deadline is not None:
+        if plc is not None:  # a forward close is one round trip: bounded like any call
+            close_bounded(
+                deadline, self.timeout_s, lambda: plc.conn.Socket, plc.Close, self.config.name
+            )
+        elif deadline is not None:
             deadline.close()
 
     # -- reads and writes ---------------------------------------------------------------

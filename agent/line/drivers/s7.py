@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.line.drivers.base import Driver, Point, wrap
 from agent.line.drivers.configs import S7LinkConfig
-from agent.line.drivers.deadline import CallDeadline
+from agent.line.drivers.deadline import CallDeadline, close_bounded
 from agent.line.errors import LineError
 from agent.line.values import VALUE_TYPES, ValueMismatch, ValueType, coerce
 
@@ -187,15 +187,14 @@ class S7Driver(Driver):
         client, self._client = self._client, None
         deadline, self._deadline = self._deadline, None
         if client is not None:
-            try:
-                if deadline is not None:
-                    with deadline.guard(self.timeout_s, lambda: _socket(client)):
-                        client.disconnect()
-                else:
-                    client.disconnect()
-            except Exception:  # noqa: BLE001, S110 - close never raises; the socket is gone
-                pass
-        if deadline is not None:
+            close_bounded(
+                deadline,
+                self.timeout_s,
+                lambda: _socket(client),
+                client.disconnect,
+                self.config.name,
+            )
+        elif deadline is not None:
             deadline.close()
 
     # -- reads and writes ---------------------------------------------------------------
