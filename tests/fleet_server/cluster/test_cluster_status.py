@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,16 +81,21 @@ def test_the_api_and_fleet_server_status_list_the_replicas_the_leader_and_ingest
     apis, config_file = replicas
     apis[0].ctx.health.register("ingest-0", Ingest())
 
+    seen: dict[str, Any] = {}
+
     def listed() -> bool:
-        body = apis[1].call("GET", "/api/v1/cluster").body
+        answer = apis[1].call("GET", "/api/v1/cluster")
+        body = answer.body
         alive = [r for r in body["replicas"] if r["alive"]]
         busy = [r for r in alive if r["ingest_rate_per_s"] > 0]
+        seen.update(status=answer.status, body=body)
         return len(alive) == 2 and body["leader"] is not None and len(busy) == 1
 
+    # the answer that showed them is the one checked: on a loaded machine the leader's
+    # lease can lapse for a moment between two calls (the next answer has no leader)
     wait_for("both replicas, a leader and a rate", listed)
-    answer = apis[1].call("GET", "/api/v1/cluster")
-    assert answer.status == 200
-    body = answer.body
+    assert seen["status"] == 200
+    body = seen["body"]
     assert [r["replica_id"] for r in body["replicas"]] == ["api-a", "api-b"]
     (leader,) = [r for r in body["replicas"] if r["leader"]]
     assert body["leader"] == leader["replica_id"]
