@@ -395,3 +395,25 @@ cluster_replicas = sa.Table(
 )
 """Each replica's last report (every ``[cluster] report_s``): whether it leads, and
 ``info`` (ingest rate per worker, version) for ``fleet-server status``."""
+
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+    sa.Column("ts", TS, nullable=False),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("result", sa.Text, nullable=False),
+    sa.Column("detail", json_type(), nullable=False),
+    sa.Index(None, "ts"),
+    sa.Index(None, "actor", "ts"),
+    sa.Index(None, "action", "ts"),
+    sa.Index(None, "target", "ts"),
+    sqlite_autoincrement=True,  # a seq is never used twice, not even after retention
+)
+"""Who changed what, when, from where, and how it ended (fleet_server/audit/): one row a
+change, written in the change's own transaction (or after a refusal); the API has no
+route that edits or deletes a row, retention prunes by age and count."""
