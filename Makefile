@@ -48,11 +48,14 @@ RTSP_PKG := python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base \
 RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0"); \
 	from gi.repository import GstRtspServer' >/dev/null 2>&1
 # mbpoll (libmodbus) is the independent Modbus TCP master that tests the agent's Modbus server.
+# GenICam cameras: libaravis-0.8-0 (Aravis, the library the agent reads them through),
+# aravis-tools (arv-fake-gv-camera-0.8, the GigE Vision simulator the tests run) and
+# aravis-tools-cli (arv-tool-0.8).
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium cc systemd-analyze gst-launch-1.0 node npm mbpoll
+	chromium cc systemd-analyze gst-launch-1.0 node npm mbpoll arv-fake-gv-camera-0.8 arv-tool-0.8
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
 	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
-	nodejs npm mbpoll $(RTSP_PKG)
+	nodejs npm mbpoll libaravis-0.8-0 aravis-tools aravis-tools-cli $(RTSP_PKG)
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
