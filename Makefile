@@ -51,11 +51,15 @@ RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer"
 # GenICam cameras: libaravis-0.8-0 (Aravis, the library the agent reads them through),
 # aravis-tools (arv-fake-gv-camera-0.8, the GigE Vision simulator the tests run) and
 # aravis-tools-cli (arv-tool-0.8).
+# The shipped Prometheus alerting rules (packaging/prometheus/) are checked with promtool and
+# fired by Debian's prometheus and prometheus-alertmanager, which the test starts itself.
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
-	chromium cc systemd-analyze gst-launch-1.0 node npm mbpoll arv-fake-gv-camera-0.8 arv-tool-0.8
+	chromium cc systemd-analyze gst-launch-1.0 node npm mbpoll arv-fake-gv-camera-0.8 arv-tool-0.8 \
+	prometheus promtool prometheus-alertmanager
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
 	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
-	nodejs npm mbpoll libaravis-0.8-0 aravis-tools aravis-tools-cli $(RTSP_PKG)
+	nodejs npm mbpoll libaravis-0.8-0 aravis-tools aravis-tools-cli $(RTSP_PKG) \
+	prometheus prometheus-alertmanager
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
