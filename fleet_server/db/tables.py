@@ -417,3 +417,54 @@ audit_log = sa.Table(
 """Who changed what, when, from where, and how it ended (fleet_server/audit/): one row a
 change, written in the change's own transaction (or after a refusal); the API has no
 route that edits or deletes a row, retention prunes by age and count."""
+
+# -- alerts (fleet_server.alerts, docs/alerts.md) -----------------------------------------
+
+alerts = sa.Table(
+    "alerts",
+    metadata,
+    sa.Column("alert_id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),
+    sa.Column("rule", sa.Text, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("severity", sa.Text, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("labels", json_type(), nullable=False),
+    sa.Column("sites", json_type(), nullable=False),
+    sa.Column("detail", json_type(), nullable=False),
+    sa.Column("fired_at", TS, nullable=False),
+    sa.Column("resolved_at", TS),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Index(None, "rule", "key"),
+    sa.Index(None, "resolved_at"),
+    sa.Index(None, "fired_at"),
+    sqlite_autoincrement=True,  # an alert id is never used twice, not even after retention
+)
+"""One alert: a condition a rule found (``rule``, ``key``: what it is about), from when it
+fired until it resolved (``resolved_at`` NULL while firing). The leader writes it in a
+transaction fenced by its ``epoch``; at most one open alert per (rule, key)."""
+
+alert_deliveries = sa.Table(
+    "alert_deliveries",
+    metadata,
+    sa.Column("delivery_id", sa.Text, primary_key=True),
+    sa.Column(
+        "alert_id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        sa.ForeignKey("alerts.alert_id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    sa.Column("event", sa.Text, nullable=False),
+    sa.Column("webhook", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("next_at", TS, nullable=False),
+    sa.Column("done_at", TS),
+    sa.Column("last_status", sa.Integer),
+    sa.Column("last_error", sa.Text, nullable=False),
+    sa.Index(None, "state", "next_at"),
+)
+"""One POST owed to a webhook: an alert's ``firing`` or ``resolved`` event, written in the
+transaction that fired or resolved it; ``pending`` until a 2xx (``delivered``) or
+``[alerts.delivery] attempts`` failures (``dead``: the dead letters)."""
