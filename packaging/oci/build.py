@@ -7,7 +7,7 @@
    archive with the .deb installed (apt resolves its declared dependencies) and ``tini``
    as PID 1; apt lists, caches, man pages and docs (but copyrights) are left out, device
    nodes too (the container runtime makes /dev). The output is mmdebstrap's own tarball,
-   reproducible under ``SOURCE_DATE_EPOCH``.
+   reproducible under ``SOURCE_DATE_EPOCH``, less the device nodes (:func:`filter_rootfs`).
 2. ``umoci`` turns that tarball into the one layer of an OCI image and sets its config
    (entrypoint, command, user, volumes, ports, labels).
 3. The OCI layout is written as one tar, ``dist/edgefleet-<part>-<version>-<arch>.oci.tar``,
@@ -16,8 +16,8 @@
    and ``podman load`` both take it, as they take what ``docker save`` writes since
    Docker 25. docs/adr/0013-oci-images.md says why.
 
-Needs root (mmdebstrap installs packages as root; the layer keeps their owners), umoci
-and GNU tar. Debian's archive is the only network it uses. Exit 0 on success, 1 with a
+Needs root (mmdebstrap installs packages as root; the layer keeps their owners) and
+umoci. Debian's archive is the only network it uses. Exit 0 on success, 1 with a
 one-line message on a failed step, 2 on bad arguments.
 """
 
@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,13 +169,30 @@ def make_rootfs(deb: Path, out: Path, cache: Path, arch: str, epoch: int, mirror
     """
     cache.mkdir(parents=True, exist_ok=True)
     raw = out.with_suffix(".raw.tar")
+    # The .deb is bind-mounted into the chroot at its own path (file-mirror-automount),
+    # whose mount point and directories stay behind: staged under /tmp, they go with
+    # mmdebstrap's cleanup of /tmp instead of carrying this host's path into the image.
+    with tempfile.TemporaryDirectory(prefix="edgefleet-oci-", dir="/tmp") as stage:
+        staged = Path(stage) / deb.name
+        try:
+            os.link(deb.resolve(), staged)
+        except OSError:  # another filesystem
+            shutil.copyfile(deb, staged)
+        _mmdebstrap(staged, raw, cache, arch, epoch, mirror)
+    try:
+        filter_rootfs(raw, out)
+    finally:
+        raw.unlink(missing_ok=True)
+
+
+def _mmdebstrap(staged: Path, raw: Path, cache: Path, arch: str, epoch: int, mirror: str) -> None:
     cmd = [
         "mmdebstrap",
         "--mode=root",
         "--variant=apt",
         f"--architectures={arch}",
         "--include=tini",
-        f"--include={deb.resolve()}",
+        f"--include={staged}",
         "--hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount",
         "--aptopt=APT::Install-Recommends false",
         "--skip=essential/unlink",
@@ -192,13 +210,35 @@ def make_rootfs(deb: Path, out: Path, cache: Path, arch: str, epoch: int, mirror
     cmd += [SUITE, str(raw), mirror]
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
     run(cmd, "mmdebstrap", env=env)
-    # Device nodes stay out of the layer: the runtime makes /dev, and a rootless
-    # podman can't create them when it unpacks.
-    run(
-        ["tar", "--delete", "--wildcards", "-f", str(raw), "./dev/?*"],
-        "removing /dev nodes",
-    )
-    raw.replace(out)
+
+
+def filter_rootfs(raw: Path, out: Path) -> None:
+    """mmdebstrap's tarball ``raw`` copied to ``out`` without the device nodes
+    (``./dev/*``): the runtime makes /dev, and a rootless podman can't create them when it
+    unpacks.
+
+    Python's tarfile copies each member with its PAX records (file capabilities and other
+    extended attributes kept) in order, so the result stays reproducible. GNU
+    ``tar --delete``, used before, rewrote the archive in place and could leave a header
+    that GNU tar and umoci then refuse ("invalid tar header").
+
+    Raises:
+        BuildError: the tarball can't be read or ``out`` written.
+    """
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        with (
+            tarfile.open(raw) as src,
+            tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as dst,
+        ):
+            for member in src:
+                if member.name.startswith("./dev/") and member.name != "./dev/":
+                    continue
+                dst.addfile(member, src.extractfile(member) if member.isreg() else None)
+        tmp.replace(out)
+    except (OSError, tarfile.TarError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"cannot filter the root filesystem {raw}: {exc}") from exc
 
 
 def user_ids(rootfs_tar: Path, user: str) -> tuple[int, int]:
@@ -375,7 +415,7 @@ def build(args: argparse.Namespace) -> Path:
     version = image_tag(args.version or deb_field(deb, "Version"))
     if os.geteuid() != 0:
         raise BuildError("mmdebstrap installs the packages as root: run as root")
-    for tool in ("mmdebstrap", "umoci", "tar", "dpkg-deb"):
+    for tool in ("mmdebstrap", "umoci", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise BuildError(f"{tool} is not installed (apt install mmdebstrap umoci)")
     epoch = source_date_epoch()

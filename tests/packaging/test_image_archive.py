@@ -116,6 +116,30 @@ def test_layer_holds_the_virtualenv_the_command_and_no_device_nodes(image: Image
     assert not any(n.startswith("usr/share/man/man") for n in names), "man pages in the image"
 
 
+# A Debian bookworm root filesystem's top level (usr-merged: bin, lib, sbin are links).
+DEBIAN_TOP = set(
+    "bin boot dev etc home lib lib32 lib64 libx32 media mnt opt proc root run sbin srv sys tmp "
+    "usr var".split()
+)
+
+
+def test_layer_carries_no_path_of_the_build_host_and_gnu_tar_reads_it(image: Image) -> None:
+    names = _layer_names(image)
+    top = {n.split("/", 1)[0] for n in names if n not in ("", ".")}
+    assert top <= DEBIAN_TOP, f"not of a Debian root filesystem: {sorted(top - DEBIAN_TOP)}"
+    for name in (".cache", "dist", "dist-test"):  # where the tests and make deb put .debs
+        leaked = [n for n in names if f"/{name}/" in f"/{n}/"]
+        assert leaked == [], f"the build host's paths in the layer: {leaked[:3]}"
+    assert [n for n in names if n.startswith("tmp/")] == [], "files left in /tmp"
+    # GNU tar (and umoci, a Go tar reader, in the fixture) read every header: a layer
+    # Python's lenient reader takes can still hold one they refuse.
+    (layer,) = image.manifest()["layers"]
+    path = image.layout / "blobs" / "sha256" / layer["digest"].split(":", 1)[1]
+    listed = subprocess.run(["tar", "-tzf", str(path)], check=False, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr[-500:]
+    assert "./etc/passwd" in listed.stdout.splitlines()
+
+
 def test_state_dir_is_owned_by_the_part_user(image: Image) -> None:
     passwd = (image.rootfs / "etc" / "passwd").read_text().splitlines()
     users = {line.split(":")[0]: int(line.split(":")[2]) for line in passwd}
