@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agent.kernel.errors import EdgefleetError
+from fleet_server.api.audit import audit_router
 from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
 from fleet_server.api.cluster import cluster_router
 from fleet_server.api.context import ServerContext
@@ -34,6 +35,7 @@ from fleet_server.api.models import HealthOut, ServiceHealthOut, error_responses
 from fleet_server.api.ports import ActionRefused
 from fleet_server.api.quality import quality_router
 from fleet_server.api.rollouts import rollouts_router
+from fleet_server.audit.middleware import AuditMiddleware
 from fleet_server.auth import (
     AuthBusy,
     AuthService,
@@ -128,6 +130,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
     )
     _install_error_handlers(app)
     install_metrics(app, ctx)  # first: its latency middleware sits nearest the routes
+    # inside the forwarded-headers middleware: it records the client's own address
+    app.add_middleware(AuditMiddleware, engine=ctx.engine)
     http = ctx.config.http
     app.add_middleware(
         BodyLimitMiddleware,
@@ -180,5 +184,6 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(quality_router(ctx), responses=unauthorized)
     app.include_router(events_router(ctx), responses=unauthorized)
     app.include_router(cluster_router(ctx), responses=unauthorized)
+    app.include_router(audit_router(ctx), responses=unauthorized)
     install_console(app, ctx)
     return app

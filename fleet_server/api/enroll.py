@@ -25,6 +25,7 @@ from agent.wire.enroll import ENROLL_PATH, BrokerInfo, EnrollRequest, EnrollResp
 from agent.wire.untrusted import UntrustedInputError, loads_object
 from fleet_server.api.context import ServerContext
 from fleet_server.api.models import error_responses
+from fleet_server.audit.middleware import note
 from fleet_server.broker.shards import assign_shard
 from fleet_server.ca import CAError
 from fleet_server.db import store
@@ -83,12 +84,15 @@ def enroll_router(ctx: ServerContext) -> APIRouter:
             }
         },
     )
-    def enroll(req: Annotated[EnrollRequest, Depends(enroll_request)]) -> EnrollResponse:
+    def enroll(
+        request: Request, req: Annotated[EnrollRequest, Depends(enroll_request)]
+    ) -> EnrollResponse:
         """Consume the token, sign the CSR (CN = the token's device id), register the device."""
         root = trust_root(ctx.repository)
         days = ctx.config.enrollment.device_cert_days
         with store.write_transaction(ctx.engine) as conn:
             token = store.consume_token(conn, store.hash_token(req.token))
+            note(request, actor=f"device:{token.device_id}", target=f"device:{token.device_id}")
             try:
                 issued = ctx.ca.sign_device_csr(req.csr.encode(), token.device_id, valid_days=days)
             except CAError as exc:

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agent.wire.untrusted import UntrustedInputError, loads_object
 from fleet_server.api.models import ApiModel, error_responses
+from fleet_server.audit.middleware import note
 from fleet_server.auth import csrf
 from fleet_server.auth.deps import (
     Principal,
@@ -130,6 +131,7 @@ def login_router() -> APIRouter:
         if refusal is not None:
             raise HTTPException(403, refusal)
         username, password = await _credentials(request)
+        note(request, actor=username[:64] or "anonymous")
         try:
             signed = await run_in_threadpool(
                 gate.service.login, username, password, gate.client(request)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
+from fleet_server.audit.middleware import set_principal
 from fleet_server.auth import csrf
 from fleet_server.auth.config import AuthSection
 from fleet_server.auth.roles import Permission, Role, allows, permissions_of
@@ -133,7 +134,9 @@ class Gate:
                     "missing or wrong operator token (Authorization: Bearer <token>)",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
-            return Principal(TOKEN_PRINCIPAL, "operator", "token")
+            principal = Principal(TOKEN_PRINCIPAL, "operator", "token")
+            set_principal(request, principal)
+            return principal
         if not cookie:
             raise HTTPException(401, NOT_SIGNED_IN, headers={"WWW-Authenticate": "Bearer"})
         session = self.service.session(cookie)
@@ -143,9 +146,11 @@ class Gate:
                 "session expired or unknown: sign in again (POST /login)",
                 headers={"WWW-Authenticate": "Bearer", "Set-Cookie": expired_cookie(request)},
             )
+        principal = Principal(session.username, session.role, "session", session)
+        set_principal(request, principal)  # the audit trail's actor, refused or not
         if request.method in csrf.UNSAFE_METHODS:
             self.check_unsafe(request, session, form_token)
-        return Principal(session.username, session.role, "session", session)
+        return principal
 
 
 def install(app: FastAPI, gate: Gate) -> None:

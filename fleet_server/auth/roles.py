@@ -14,6 +14,7 @@ bundles:write      publish or withdraw bundle releases
 decisions:review   confirm or override a device's decision
 decisions:export   export decisions
 users:admin        add, change and disable users
+audit:read         the audit trail: who changed what, when, from where
 =================  ===========================================================
 """
 
@@ -31,6 +32,7 @@ Permission = Literal[
     "decisions:review",
     "decisions:export",
     "users:admin",
+    "audit:read",
 ]
 PERMISSIONS: tuple[Permission, ...] = get_args(Permission)
 

@@ -18,6 +18,7 @@ import sys
 
 from agent.kernel.errors import EdgefleetError
 from fleet_server.cli import logs
+from fleet_server.cli.audit import add_audit
 from fleet_server.cli.bundle import add_bundle
 from fleet_server.cli.drift import add_drift
 from fleet_server.cli.fleet import add_fleet_commands
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fleet_commands(commands)
     add_drift(commands)
     add_users_commands(commands)
+    add_audit(commands)
     return parser
 
 

@@ -88,6 +88,13 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
     return 0
 
 
+def _audit(engine: Engine, action: str, name: str, detail: dict[str, Any] | None = None) -> None:
+    """The change in the audit trail (the system user that ran fleetctl, source cli)."""
+    from fleet_server.audit import record_local  # noqa: PLC0415 - fleetctl starts light
+
+    record_local(engine, action, f"user:{name}", detail=detail)
+
+
 def cmd_users_add(args: argparse.Namespace) -> int:
     from fleet_server.auth import (  # noqa: PLC0415 - fleetctl starts light
         PasswordHasher,
@@ -103,6 +110,7 @@ def cmd_users_add(args: argparse.Namespace) -> int:
             raise UserExists(args.name)
         password = read_password(args, args.name)
         user = add_user(engine, PasswordHasher(), args.name, args.role, password)
+        _audit(engine, "user.add", args.name, {"role": user.role})
     data = {"username": user.username, "role": user.role}
     return _emit(args, data, f"added user {user.username} ({user.role})")
 
@@ -120,6 +128,7 @@ def cmd_users_passwd(args: argparse.Namespace) -> int:
             raise UnknownUser(args.name)
         password = read_password(args, args.name)
         set_password(engine, PasswordHasher(), args.name, password)
+        _audit(engine, "user.passwd", args.name)
     text = f"password of {args.name} changed; its sessions ended"
     return _emit(args, {"username": args.name, "password_changed": True}, text)
 
@@ -129,6 +138,7 @@ def cmd_users_role(args: argparse.Namespace) -> int:
 
     with _database(args) as engine:
         set_role(engine, args.name, args.role)
+        _audit(engine, "user.role", args.name, {"role": args.role})
     return _emit(args, {"username": args.name, "role": args.role}, f"{args.name} is {args.role}")
 
 
@@ -138,6 +148,7 @@ def cmd_users_disable(args: argparse.Namespace) -> int:
     disabled = args.action == "disable"
     with _database(args) as engine:
         set_disabled(engine, args.name, disabled)
+        _audit(engine, f"user.{args.action}", args.name)
     state = "disabled; its sessions ended" if disabled else "enabled"
     return _emit(args, {"username": args.name, "disabled": disabled}, f"{args.name} {state}")
 

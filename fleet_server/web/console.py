@@ -12,6 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.engine import Engine
 
 from fleet_server.web.pages import PREFIX, Console, PageError, Pages
+from fleet_server.web.routes_audit import audit_router
 from fleet_server.web.routes_drift import drift_router
 from fleet_server.web.routes_fleet import fleet_router
 from fleet_server.web.routes_login import login_router
@@ -71,6 +72,7 @@ def install_console(app: FastAPI, ctx: ServerContext) -> None:
         fleet_router(console),
         rollouts_router(console),
         drift_router(console),
+        audit_router(console),
         review_router(console, ctx.engine),
     ):
         app.include_router(router)

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from fleet_server.audit.middleware import note
 from fleet_server.auth import csrf
 from fleet_server.auth.deps import (
     COOKIE_NAME,
@@ -85,6 +86,7 @@ def login_router(console: Console) -> APIRouter:
         target = safe_next(fields.get("next"))
         username = fields.get("username", "").strip()
         password = fields.get("password", "")
+        note(request, actor=username[:64] or "anonymous")
         expected = request.cookies.get(LOGIN_CSRF_COOKIE)
         if not expected or not csrf.tokens_match(expected, fields.get("login_token")):
             return form(
