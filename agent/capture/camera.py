@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from agent.capture.backoff import Backoff
 from agent.capture.config import CameraConfig
@@ -24,6 +25,9 @@ from agent.capture.rtsp import SourceFailure, failure_of
 from agent.capture.sources import EndOfStream, Image, Source, make_source
 from agent.errors import CaptureError
 from runtime.profiles import VideoConfig
+
+if TYPE_CHECKING:
+    from agent.capture.genicam.source import GenicamState
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,10 @@ class CameraStats:
         damage: lost packets, decode errors, concealed, damaged and skipped frames
             (:mod:`agent.capture.damage`; ``counted`` is false where the decoder that
             runs reports none).
+        genicam: a GenICam camera's own counters (incomplete frames, missed triggers,
+            missing and resent packets, the clock mapping, features read back:
+            :meth:`agent.capture.genicam.source.GenicamState.snapshot`); empty for other
+            kinds.
     """
 
     frames_captured: int
@@ -87,6 +95,7 @@ class CameraStats:
     decoder: str = ""
     decoders_passed_over: Mapping[str, str] = field(default_factory=dict)
     damage: DamageCounts = field(default_factory=DamageCounts)
+    genicam: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Camera:
@@ -107,6 +116,11 @@ class Camera:
     ) -> None:
         self._config = config
         self._decoding = Decoding(config, video or VideoConfig()) if config.kind == "rtsp" else None
+        self._genicam: GenicamState | None = None
+        if config.kind == "genicam":
+            from agent.capture.genicam.source import GenicamState  # noqa: PLC0415
+
+            self._genicam = GenicamState()
         self._on_state = on_state
         self._slot: LatestSlot[Frame] = LatestSlot()
         self._stop = threading.Event()
@@ -213,8 +227,20 @@ class Camera:
                 last_failure_at=self._last_failure_at,
                 decoder=self._decoding.running if self._decoding else "",
                 decoders_passed_over=dict(self._decoding.passed_over) if self._decoding else {},
-                damage=self._decoding.damage.snapshot() if self._decoding else DamageCounts(),
+                damage=self._damage(),
+                genicam=self._genicam.snapshot() if self._genicam else {},
             )
+
+    def _damage(self) -> DamageCounts:
+        if self._decoding:
+            return self._decoding.damage.snapshot()
+        if self._genicam:  # incomplete frames are never handed on: damaged and skipped
+            g = self._genicam.snapshot()
+            n = g["incomplete_frames"]
+            return DamageCounts(
+                counted=True, lost_packets=g["missing_packets"], damaged_frames=n, skipped_frames=n
+            )
+        return DamageCounts()
 
     def _drop_ratio(self) -> float:
         drops = self._recent_drops
@@ -270,13 +296,18 @@ class Camera:
         self._set_state(up=False, reason=reason)
         self._stop.wait(delay)
 
+    def _make_source(self) -> Source:
+        if self._decoding is not None:
+            return DecodedSource(self._config, self._decoding)
+        if self._genicam is not None:
+            from agent.capture.genicam.source import GenicamSource  # noqa: PLC0415
+
+            return GenicamSource(self._config, self._genicam)
+        return make_source(self._config)
+
     def _session(self, backoff: Backoff) -> bool:
         """Open the source and pump it until it fails or we stop; True when it ended."""
-        source = (
-            make_source(self._config)
-            if self._decoding is None
-            else DecodedSource(self._config, self._decoding)
-        )
+        source = self._make_source()
         try:
             source.open()
             self._pump(source, backoff)
@@ -316,6 +347,9 @@ class Camera:
             t_ns = time.perf_counter_ns()
             wall = time.time()
             if image is None:
+                if source.waits_for_trigger:  # an idle trigger line is not a stall
+                    last_frame_ns = t_ns
+                    continue
                 if t_ns - last_frame_ns > stall_ns:
                     raise SourceFailure(
                         self.name, "stalled", f"no frame for {c.stall_timeout_s:g} s"
@@ -323,6 +357,8 @@ class Camera:
                 self._stop.wait(min(_IDLE_WAIT_S, period_ns / 1e9))
                 continue
             last_frame_ns = t_ns
+            if source.last_stamp is not None:  # taken earlier than it was read
+                t_ns, wall = source.last_stamp
             if source.last_damaged and c.damaged_frames == "skip" and self._decoding:
                 self._decoding.damage.skipped()  # decoded with damage: not decided on
                 continue

@@ -7,9 +7,10 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from agent.capture.genicam.config import GenicamConfig
 from agent.kernel.configbase import Section
 
-CameraKind = Literal["v4l2", "rtsp", "http", "file", "images", "synthetic"]
+CameraKind = Literal["v4l2", "rtsp", "http", "file", "images", "synthetic", "genicam"]
 
 _URL_SCHEMES: dict[str, tuple[str, ...]] = {
     "rtsp": ("rtsp://", "rtsps://"),
@@ -30,7 +31,8 @@ class CameraConfig(Section):
     kind: CameraKind = Field(
         description=(
             "Source kind: v4l2 (local device), rtsp, http (MJPEG), file (a video), "
-            "images (a directory of images), synthetic (a generated test pattern)."
+            "images (a directory of images), synthetic (a generated test pattern), "
+            "genicam (a GigE Vision or USB3 Vision camera, through Aravis)."
         )
     )
     uri: str = Field(
@@ -38,7 +40,9 @@ class CameraConfig(Section):
         validate_default=True,
         description=(
             "Device path (/dev/video0) or index (0) for v4l2; rtsp:// or http(s):// URL; "
-            "video file path; image directory; empty for synthetic."
+            "video file path; image directory; empty for synthetic; genicam: the "
+            "camera's serial number, its Aravis id (Vendor-Model-Serial) or its IP "
+            "address (as `edge-agent cameras` lists them)."
         ),
     )
     detect_uri: str = Field(
@@ -62,12 +66,14 @@ class CameraConfig(Section):
     loop: bool = Field(
         True, description="Start over at the end of a video file or image directory."
     )
-    trigger_mode: Literal["free_run", "software"] = Field(
+    trigger_mode: Literal["free_run", "software", "hardware"] = Field(
         "free_run",
         description=(
             "`free_run`: read at `fps`. `software`: read one frame each time the agent "
             "fires the camera's software trigger (a station with capture = "
-            '"software_trigger"); file, image and synthetic sources.'
+            '"software_trigger"); file, image, synthetic and genicam sources (genicam: '
+            "TriggerSoftware). `hardware`: genicam only, the camera takes a frame on "
+            "its input line (genicam.trigger_source) and the agent reads each one."
         ),
     )
     phase: float = Field(
@@ -151,6 +157,14 @@ class CameraConfig(Section):
             "(needs Debian's ffmpeg; vaapi and keyframes_only run one anyway)."
         ),
     )
+    genicam: GenicamConfig | None = Field(
+        None,
+        description=(
+            "genicam: the features set at open and read back ([cameras.genicam]: "
+            "pixel_format, exposure_us, gain, frame_rate, roi, binning, packet_size, "
+            "packet_delay_ns, trigger_source, buffers, features)."
+        ),
+    )
     username: str = Field(
         "",
         max_length=256,
@@ -201,6 +215,11 @@ class CameraConfig(Section):
         return backoff_max_s
 
     @property
+    def genicam_config(self) -> GenicamConfig:
+        """The ``[cameras.genicam]`` table (its defaults when the config has none)."""
+        return self.genicam or GenicamConfig()
+
+    @property
     def stream_uri(self) -> str:
         """The stream the camera reads: ``detect_uri`` when set, else ``uri``."""
         return self.detect_uri or self.uri
@@ -233,6 +252,21 @@ class CameraConfig(Section):
             )
         if self.kind != "rtsp" and self.damaged_frames != "keep":
             raise ValueError(f"damaged_frames applies to rtsp cameras only, not {self.kind}")
+        if self.genicam is not None and self.kind != "genicam":
+            raise ValueError(f"[cameras.genicam] applies to genicam cameras, not {self.kind}")
+        if self.trigger_mode == "hardware" and self.kind != "genicam":
+            raise ValueError(
+                f"trigger_mode = 'hardware' applies to genicam cameras, not {self.kind}"
+            )
+        if (
+            self.kind == "genicam"
+            and self.trigger_mode != "free_run"
+            and self.genicam_config.frame_rate is not None
+        ):
+            raise ValueError(
+                "genicam.frame_rate applies to a free_run camera; a triggered camera takes "
+                "a frame per trigger"
+            )
         if self.trigger_mode == "software" and self.kind not in SOFTWARE_TRIGGER_KINDS:
             raise ValueError(
                 f"trigger_mode = 'software' applies to {', '.join(SOFTWARE_TRIGGER_KINDS)} "
@@ -241,7 +275,7 @@ class CameraConfig(Section):
         return self
 
 
-SOFTWARE_TRIGGER_KINDS = ("synthetic", "file", "images")
+SOFTWARE_TRIGGER_KINDS = ("synthetic", "file", "images", "genicam")
 """Camera kinds the agent reads one frame at a time on a software trigger."""
 
 

@@ -36,6 +36,8 @@ FAILURES = (
     "timeout",
     "stalled",
     "ended",
+    "misconfigured",
+    "unavailable",
     "unknown",
 )
 """The reason words a camera failure is counted under (``CameraStats.failures``)."""

@@ -83,6 +83,13 @@ class Source(ABC):
     last_damaged: bool = False
     """The frame ``read`` returned last was decoded with damage its decoder reported
     (:mod:`agent.capture.damage`; only sources that count damage set it)."""
+    last_stamp: tuple[int, float] | None = None
+    """When the frame ``read`` returned last was taken, as ``(perf_counter_ns, time.time())``,
+    for a source that knows it better than the moment ``read`` returned (a GenICam
+    camera's own timestamp); None: the moment ``read`` returned."""
+    waits_for_trigger: bool = False
+    """``read`` returning None is a trigger line that is idle, not a stall: the source
+    checks its own link (a hardware-triggered GenICam camera)."""
 
     def __init__(self, config: CameraConfig) -> None:
         self.config = config

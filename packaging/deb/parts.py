@@ -109,8 +109,16 @@ PARTS = {
         depends=(SYSUSERS,),
         # a local broker for actions and sensors; not needed where [mqtt] names another host
         recommends=("mosquitto",),
-        # ffmpeg: the vaapi decoder and keyframes_only; gstreamer1.0-tools: the gstreamer one
-        suggests=("mosquitto-clients", "v4l-utils", "sqlite3", "ffmpeg", "gstreamer1.0-tools"),
+        # ffmpeg: the vaapi decoder and keyframes_only; gstreamer1.0-tools: the gstreamer one;
+        # libaravis-0.8-0: genicam cameras (docs/adr/0025-genicam-through-aravis.md)
+        suggests=(
+            "mosquitto-clients",
+            "v4l-utils",
+            "sqlite3",
+            "ffmpeg",
+            "gstreamer1.0-tools",
+            "libaravis-0.8-0",
+        ),
     ),
     "server": Part(
         name="server",
