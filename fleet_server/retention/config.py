@@ -55,6 +55,17 @@ class HeartbeatsBudget(Section):
     max_rows: int | None = _rows(None, "heartbeat")
 
 
+class AuditBudget(Section):
+    """``audit_log``: the audit trail (who changed what). Nothing else deletes a row."""
+
+    max_age_days: float | None = Field(
+        400.0, gt=0, le=MAX_DAYS, description="Days an entry is kept (unset: no age limit)."
+    )
+    max_rows: int | None = Field(
+        1_000_000, ge=1, le=MAX_ROWS, description="Most entries kept (unset: no row limit)."
+    )
+
+
 class TelemetryBudget(Section):
     """``telemetry``: health samples (``devices.health`` keeps the newest)."""
 
@@ -184,6 +195,10 @@ class RetentionSection(Section):
     )
     drift_hours: QualityBudget = Field(
         default_factory=QualityBudget, description="Drift buckets (default 90 days)."
+    )
+    audit_log: AuditBudget = Field(
+        default_factory=AuditBudget,
+        description="The audit trail (default 400 days, 1,000,000 rows).",
     )
     quarantine: QuarantineBudget = Field(
         default_factory=QuarantineBudget,

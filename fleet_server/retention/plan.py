@@ -35,6 +35,7 @@ BUDGETED = {
     "shadow_results": "shadow_results",
     "drift_hours": "drift_hours",
     "quarantine": "quarantine",
+    "audit_log": "audit_log",
 }
 """Tables with an age / row budget, in pruning order, and their ``[retention]`` field
 (decisions before their images, so an image goes in its decision's transaction)."""

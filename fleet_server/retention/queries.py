@@ -28,6 +28,7 @@ TIME_COLUMNS: dict[str, sa.Column[Any]] = {
     "shadow_results": t.shadow_results.c.ts,
     "drift_hours": t.drift_hours.c.hour,
     "quarantine": t.quarantine.c.received_at,
+    "audit_log": t.audit_log.c.ts,
     SESSIONS: t.user_sessions.c.expires_at,
     TOKENS: t.enrollment_tokens.c.expires_at,
 }

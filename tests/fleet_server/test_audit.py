@@ -18,13 +18,16 @@ import sqlalchemy as sa
 from fastapi.routing import APIRoute
 
 from fleet_server.api.app import create_app
+from fleet_server.audit import AuditEntry, AuditFilter, query, record
 from fleet_server.audit.middleware import UNSAFE
 from fleet_server.audit.names import ACTIONS, NOT_CHANGES
 from fleet_server.auth import PasswordHasher, add_user
 from fleet_server.auth.deps import COOKIE_NAME, TOKEN_PRINCIPAL
 from fleet_server.cli.fleetctl import main as fleetctl
-from fleet_server.db import sqlite_url, store
+from fleet_server.db import open_database, sqlite_url, store
 from fleet_server.db.tables import audit_log
+from fleet_server.retention.config import RetentionSection
+from fleet_server.retention.prune import prune
 from fleet_server.serve import FleetServer
 from tests.fleet_server.auth_client import PASSWORD, Browser, send
 from tests.fleet_server.fleet_api_support import (
@@ -259,3 +262,18 @@ def test_every_route_that_may_change_something_has_an_action_name(
         if (method, route.path) not in ACTIONS and (method, route.path) not in NOT_CHANGES
     ]
     assert unnamed == []
+
+
+def test_retention_prunes_the_trail_by_its_age_and_row_budget(tmp_path: Path) -> None:
+    engine = open_database(sqlite_url(tmp_path / "fleet.db"))
+    now = time.time()
+    for age_days in (500, 401, 399, 10, 1, 0):
+        entry = AuditEntry(now - age_days * 86_400, "olga", "operator", "127.0.0.1",
+                           "device.revoke", f"device:d{age_days}", "ok")  # fmt: skip
+        record(engine, entry)
+    prune(engine, RetentionSection(), now=now)  # the defaults: 400 days, 1,000,000 rows
+    kept = [e.target for e in query(engine, AuditFilter())]
+    assert kept == ["device:d0", "device:d1", "device:d10", "device:d399"]
+    prune(engine, RetentionSection(audit_log={"max_age_days": None, "max_rows": 2}), now=now)
+    assert [e.target for e in query(engine, AuditFilter())] == ["device:d0", "device:d1"]
+    engine.dispose()
