@@ -48,6 +48,7 @@ from agent.status import (
     agent_stats,
     hotpath_liveness,
     readiness,
+    station_counts,
     update_hotpath_gauges,
 )
 from runtime import PoolConfig
@@ -234,7 +235,10 @@ class HotPath:
     def fleet_health(self) -> dict[str, Any]:
         """The agent's part of the fleet's ``Health`` report."""
         p = self.pipelines
-        return agent_health(p.cameras, p.pool, self.sink.outcome_counts, p.shadow_summary())
+        health = agent_health(p.cameras, p.pool, self.sink.outcome_counts, p.shadow_summary())
+        if self.line.configured:
+            health["stations"] = station_counts(self.line.stats())
+        return health
 
     def hello(self) -> dict[str, Any]:
         """Who answers: pid, a boot id that differs on every start, how many times the

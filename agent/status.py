@@ -213,6 +213,22 @@ def sensor_health(sensor: SensorSource) -> dict[str, Any]:
     return {k: st[k] for k in keys if k in st} | {"last_error": st.get("last_error", "")}
 
 
+STATION_COUNTS = ("triggers", "deadline_missed", "overruns")
+
+
+def station_counts(line_stats: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Each station's counts for the fleet's ``Health.stations`` (from the line's stats;
+    the fleet's alerts watch them rise)."""
+    out: dict[str, dict[str, int]] = {}
+    stations = line_stats.get("stations")
+    for name, stats in stations.items() if isinstance(stations, Mapping) else ():
+        if isinstance(stats, Mapping):
+            out[str(name)] = {
+                k: int(v) for k in STATION_COUNTS if isinstance(v := stats.get(k), int)
+            }
+    return out
+
+
 def agent_health(
     cameras: Mapping[str, Camera],
     pool: WorkerPool | None,

@@ -120,7 +120,9 @@ class Upstream:
                 state=lambda: reported_state(profile_name, installer, labels, configured),
                 health=health,
                 decision_log=decision_log,
-                sysinfo=SysInfo(state_dir, pids=worker_pids),
+                sysinfo=SysInfo(
+                    state_dir, pids=worker_pids, budget_mb=self.config.agent.disk_budget_mb
+                ),
                 state_dir=state_dir,
                 on_alarm=self.count_alarm,
                 load=load,

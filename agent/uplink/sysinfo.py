@@ -22,6 +22,10 @@ PROC = Path("/proc")
 THERMAL = Path("/sys/class/thermal")
 _MB = 1024 * 1024
 _MAX_ZONES = 64
+STATE_SIZE_EVERY_S = 300.0
+"""How often the state directory's size is measured (a walk of its files)."""
+MAX_STATE_ENTRIES = 500_000
+"""A walk of the state directory stops (no figure) past this many entries."""
 
 
 def rss_kb(status_file: Path) -> int | None:
@@ -107,13 +111,41 @@ def disk_mb(path: Path) -> tuple[float, float] | None:
     return usage.free / _MB, usage.used / _MB
 
 
+def tree_mb(root: Path, max_entries: int = MAX_STATE_ENTRIES) -> float | None:
+    """MiB the regular files under ``root`` take (their sizes; links not followed), or
+    None when ``root`` can't be read or holds more than ``max_entries`` entries."""
+    total = 0
+    seen = 0
+    stack = [Path(root)]
+    try:
+        while stack:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > max_entries:
+                        return None
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif entry.is_file(follow_symlinks=False):
+                        try:
+                            total += entry.stat(follow_symlinks=False).st_size
+                        except FileNotFoundError:
+                            continue  # deleted during the walk (retention, a swap of slots)
+    except OSError as exc:
+        log.debug("sysinfo: size of %s: %s", root, exc)
+        return None
+    return total / _MB
+
+
 @dataclass
 class SysInfo:
     """Samples the machine for health reports; CPU use is measured between samples.
 
     Args:
-        state_dir: whose file system's free and used space is reported.
+        state_dir: whose file system's free and used space is reported, and whose own
+            size is measured every ``state_every_s``.
         pids: the agent's worker processes, whose CPU and memory are added to its own.
+        budget_mb: the agent's disk budget (reported beside the state directory's size).
         proc_root, thermal_root: where ``/proc`` and ``/sys/class/thermal`` are.
     """
 
@@ -121,6 +153,9 @@ class SysInfo:
     pids: Callable[[], Iterable[int]] | None = None
     proc_root: Path = PROC
     thermal_root: Path = THERMAL
+    budget_mb: float | None = None
+    state_every_s: float = STATE_SIZE_EVERY_S
+    _state: tuple[float, float | None] | None = field(default=None, init=False, repr=False)
     _last: tuple[float, float | None, tuple[int, int] | None] | None = field(
         default=None, init=False, repr=False
     )
@@ -181,4 +216,16 @@ class SysInfo:
         disk = disk_mb(self.state_dir)
         if disk is not None:
             out["disk_free_mb"], out["disk_used_mb"] = disk
+        if self.budget_mb is not None:
+            out["disk_budget_mb"] = self.budget_mb
+        state = self.state_dir_mb()
+        if state is not None:
+            out["state_dir_mb"] = state
         return out
+
+    def state_dir_mb(self) -> float | None:
+        """The state directory's size, measured at most every ``state_every_s``."""
+        now = time.monotonic()
+        if self._state is None or now - self._state[0] >= self.state_every_s:
+            self._state = (now, tree_mb(self.state_dir))
+        return self._state[1]

@@ -63,6 +63,14 @@ class Percentiles(WireModel):
     count: Count = Field(0, description="Inferences in the window.")
 
 
+class StationCounts(WireModel):
+    """One station's counts since the agent started (the line's handshake, docs/stations.md)."""
+
+    triggers: Count = Field(0, description="Triggers the station took.")
+    deadline_missed: Count = Field(0, description="Results the fail-safe answered: too late.")
+    overruns: Count = Field(0, description="Triggers that came while it was busy.")
+
+
 class Health(Sample):
     """How the device and its pipelines are doing."""
 
@@ -84,6 +92,15 @@ class Health(Sample):
     )
     disk_free_mb: Finite | None = Field(None, ge=0, description="Free space on the data disk.")
     disk_used_mb: Finite | None = Field(None, ge=0, description="Used space on the data disk.")
+    disk_budget_mb: Finite | None = Field(
+        None, ge=0, description="The agent's disk budget ([agent] disk_budget_mb), when set."
+    )
+    state_dir_mb: Finite | None = Field(
+        None, ge=0, description="What the files of the agent's state directory take, MiB."
+    )
+    stations: dict[str, StationCounts] = Field(
+        default_factory=dict, description="Each station's counts since the agent started."
+    )
     shadow: ShadowSummary | None = Field(
         None, description="The shadow comparison, while a candidate runs in the shadow slot."
     )
