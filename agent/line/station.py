@@ -173,14 +173,12 @@ class Station:
         trig_cfg = c.trigger
         if trig_cfg is None:
             return
-        i = 1
-        part = ""
-        if c.part_id is not None:
-            part = part_id_text(values[i])
-            i += 1
-        ack = values[i] if c.ack is not None else None
+        ack = values[2 if c.part_id is not None else 1] if c.ack is not None else None
         value = values[0]
         prev, self._prev_trigger = self._prev_trigger, value
+        if value == prev and (c.ack is None or ack == self._prev_ack):
+            return  # most reads: nothing changed (no lock, no part id decoded)
+        part = part_id_text(values[1]) if c.part_id is not None else ""
         with self._wake:
             if c.ack is not None:
                 prev_ack, self._prev_ack = self._prev_ack, ack
