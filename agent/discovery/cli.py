@@ -1,5 +1,5 @@
-"""``edge-agent cameras``: what cameras this device can see (V4L2 devices, and ONVIF
-cameras on the local link with their RTSP profiles).
+"""``edge-agent cameras``: what cameras this device can see (V4L2 devices, GenICam cameras
+through Aravis, and ONVIF cameras on the local link with their RTSP profiles).
 
 The library (:mod:`agent.discovery.report`) does the work; this module parses the
 command line and prints. Discovery is imported only when the command runs.
@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> None:
     """Add ``cameras`` to ``edge-agent``'s subcommands."""
     cams = sub.add_parser(
         "cameras",
-        help="list the cameras this device can see: V4L2 devices and ONVIF cameras on the "
+        help="list the cameras this device can see: V4L2 devices, GenICam cameras (GigE "
+        "Vision by broadcast, USB3 Vision) and ONVIF cameras on the "
         "local link (WS-Discovery, TTL 1) with their RTSP profiles",
         epilog="examples:\n  edge-agent cameras\n"
         "  CAM_PASSWORD=... edge-agent cameras --interface eth1 --user admin --json",

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agent.discovery import onvif, safetext, wsdiscovery
+from agent.discovery import genicam, onvif, safetext, wsdiscovery
 from agent.setup import cameras as v4l2
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,14 @@ def discover(
         "onvif": [],
         "probe": None,
     }
-    if not network:
+    if not network:  # GigE Vision discovery is a broadcast: not without the network
         return report
-    result = wsdiscovery.probe(timeout_s, interface, ip=ip)
+    with ThreadPoolExecutor(1) as gige:  # GigE Vision discovery while WS-Discovery waits
+        found_genicam = gige.submit(genicam.listing)
+        try:
+            result = wsdiscovery.probe(timeout_s, interface, ip=ip)
+        finally:
+            report["genicam"] = safetext.cleaned(found_genicam.result(), CAMERA_TEXT_CHARS)
     report["probe"] = asdict(result.stats)
     # One deadline for every camera's calls, however many cameras answered and however
     # slowly each trickles its answers: the command ends within it.
@@ -93,7 +98,9 @@ def format_report(report: dict[str, Any], not_probed: str = "--no-network") -> s
     stats = report["probe"]
     if stats is None:
         lines.append(f"ONVIF cameras: not probed ({not_probed})")
+        lines.append(f"GenICam cameras: not looked for ({not_probed})")
         return "\n".join(lines) + "\n"
+    lines += genicam.format_lines(report["genicam"])
     lines += _probe_lines(stats)
     if not report["onvif"]:
         lines.append("  none answered")

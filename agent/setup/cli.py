@@ -47,10 +47,12 @@ EPILOG = """examples:
   printf '%s\\n' "$TOKEN" | edge-agent setup --camera /dev/video0 --bundle /media/usb/cls \\
       --fleet http://fleet.example:8080 --token -
   edge-agent setup --force --camera rtsp://10.0.0.22/stream1   # another camera, all else kept
+  edge-agent setup --camera genicam:40012345 --bundle /media/usb/cls   # a GigE Vision camera
 
 --camera takes a V4L2 device (/dev/video0, or 0), an rtsp:// or http:// (MJPEG) URL, an
 ONVIF camera found by WS-Discovery (onvif:ADDRESS or onvif:urn:uuid:ENDPOINT, as
---list-cameras shows them: its best profile becomes uri, its lowest detect_uri), a video
+--list-cameras shows them: its best profile becomes uri, its lowest detect_uri), a GenICam
+camera (genicam:SERIAL, or its Aravis id or address), a video
 file, a directory of images, or `test` (a generated pattern); without it, every V4L2
 capture device found. The camera password is never written: --camera-password-env names
 the secret (environment variable, or a file of that name in the credentials directory).

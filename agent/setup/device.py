@@ -103,6 +103,13 @@ def _device_id(given: str | None) -> str:
     return value
 
 
+GENICAM_PREFIX = "genicam:"
+_URL_KINDS = (
+    (("rtsp://", "rtsps://"), "rtsp", ""),
+    (("http://", "https://"), "http", "an MJPEG stream"),
+)
+
+
 def camera_entry(
     value: str, name: str, dev_dir: Path = DEV_DIR
 ) -> tuple[CameraEntry, Camera | None]:
@@ -115,10 +122,11 @@ def camera_entry(
     lowered = value.lower()
     if lowered in SYNTHETIC:
         return CameraEntry(name, "synthetic", note="a generated test pattern"), None
-    if lowered.startswith(("rtsp://", "rtsps://")):
-        return CameraEntry(name, "rtsp", value), None
-    if lowered.startswith(("http://", "https://")):
-        return CameraEntry(name, "http", value, note="an MJPEG stream"), None
+    for prefixes, kind, note in _URL_KINDS:
+        if lowered.startswith(prefixes):
+            return CameraEntry(name, kind, value, note=note), None
+    if lowered.startswith(GENICAM_PREFIX):
+        return genicam_entry(value[len(GENICAM_PREFIX) :].strip(), name, what), None
     if "://" in value:
         raise SetupError(what, "unknown URL scheme (rtsp://, rtsps://, http:// or https://)")
     path = dev_dir / f"video{value}" if value.isdigit() else Path(value)
@@ -142,6 +150,27 @@ def camera_entry(
     if stat.S_ISREG(mode):
         return CameraEntry(name, "file", str(absolute), note="a video file, looped"), None
     raise SetupError(what, "not a device, a file, a directory or a URL")
+
+
+def genicam_entry(ref: str, name: str, what: str) -> CameraEntry:
+    """The entry of the GenICam camera ``ref`` (serial number, Aravis id or address) as
+    discovery finds it now.
+
+    Raises:
+        SetupError: libaravis is missing, or no camera answers to ``ref``.
+    """
+    from agent.capture.genicam import aravis  # noqa: PLC0415 - only for a genicam camera
+
+    try:
+        found = aravis.devices()
+    except aravis.AravisUnavailable as e:
+        raise SetupError(what, e.message) from None
+    for d in found:
+        if ref and ref in (d.serial, d.id, d.address):
+            note = f"{d.vendor} {d.model} serial {d.serial} ({d.protocol} {d.address})"
+            return CameraEntry(name, "genicam", d.serial or d.id, note=note)
+    listed = ", ".join(d.serial or d.id for d in found) or "none"
+    raise SetupError(what, f"no GenICam camera {ref!r} found (found: {listed})")
 
 
 def _cameras(

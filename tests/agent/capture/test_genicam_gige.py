@@ -224,3 +224,56 @@ def test_a_lossy_link_is_counted_and_no_incomplete_frame_is_handed_on(
     assert out["published"] == g["frames"] >= 20
     assert out["damage"]["damaged_frames"] == out["damage"]["skipped_frames"]
     assert out["damage"]["damaged_frames"] == g["incomplete_frames"]
+
+
+def agent_cli(link: Link, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``edge-agent ARGS`` in the agent's namespace."""
+    return subprocess.run(
+        ["ip", "netns", "exec", link.agent_ns, str(Path(sys.executable).parent / "edge-agent"),
+         *args],
+        capture_output=True, text=True, timeout=90, check=False, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_cameras_and_setup_find_the_gige_camera_by_broadcast_and_write_its_section(
+    link: Link, gv_camera: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    run = agent_cli(
+        link, tmp_path, "cameras", "--json", "--timeout", "0.5", "--interface", "ga", "--ip", "4"
+    )
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)["genicam"]
+    assert found["error"] == ""
+    [cam] = found["cameras"]
+    assert (cam["vendor"], cam["model"], cam["serial"]) == ("Aravis", "Fake", SERIAL)
+    assert (cam["interface"], cam["address"]) == ("GigEVision", CAMERA_IP)
+    assert cam["user_id"] == ""  # the simulator has no DeviceUserID
+    assert cam["note"] == ""  # opened and asked
+    listed = agent_cli(
+        link, tmp_path, "setup", "--list-cameras", "--sysfs-root", str(tmp_path / "no-sysfs"),
+        "--discover-timeout", "0.5", "--discover-interface", "ga", "--discover-ip", "4",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert f"Aravis Fake serial {SERIAL}  [GigEVision {CAMERA_IP}]" in listed.stdout
+    assert f"choose: --camera genicam:{SERIAL}" in listed.stdout
+    setup = agent_cli(
+        link, tmp_path, "setup", "--config", str(tmp_path / "agent.toml"),
+        "--state-dir", str(tmp_path / "state"), "--credentials-dir", str(tmp_path / "creds"),
+        "--systemd-dropin-dir", "", "--sysfs-root", str(tmp_path / "no-sysfs"),
+        "--profile", "x86-gateway", "--device-id", "gw-1",
+        "--camera", f"genicam:{SERIAL}",
+    )  # fmt: skip
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    text = (tmp_path / "agent.toml").read_text()
+    assert 'kind = "genicam"' in text
+    assert f'uri = "{SERIAL}"' in text
+    check = agent_cli(link, tmp_path, "check-config", "--config", str(tmp_path / "agent.toml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    missing = agent_cli(
+        link, tmp_path, "setup", "--config", str(tmp_path / "b.toml"),
+        "--state-dir", str(tmp_path / "state-b"), "--systemd-dropin-dir", "",
+        "--sysfs-root", str(tmp_path / "no-sysfs"), "--profile", "x86-gateway",
+        "--device-id", "gw-1", "--camera", "genicam:NOSUCH",
+    )  # fmt: skip
+    assert missing.returncode != 0
+    assert f"no GenICam camera 'NOSUCH' found (found: {SERIAL})" in missing.stderr
