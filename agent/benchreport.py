@@ -98,6 +98,23 @@ def _kept_up(many: dict[str, Any], expected: float) -> dict[str, Any]:
     }
 
 
+def genicam_line(g: dict[str, Any]) -> str:
+    """A GenICam source's own figures, on one line."""
+    expected = g["frames_expected"] if g["frames_expected"] is not None else "?"
+    trigger = (
+        f"trigger -> frame p50 {g['trigger_to_frame_ms_p50']} ms, max "
+        f"{g['trigger_to_frame_ms_max']} ms ({g['triggers_answered']}/{g['triggers']} answered)"
+        if "triggers" in g
+        else f"software trigger: {g['trigger_error']}"
+    )
+    return (
+        f"genicam              {g['pixel_format']}: {g['frames_delivered']} frames of "
+        f"{expected} expected, {g['incomplete_frames']} incomplete, conversion CPU "
+        f"{g['convert_cpu_per_frame_ms']:.3f} ms/frame, clock error {g['clock_error_us']} us; "
+        f"{trigger}"
+    )
+
+
 def format_report(r: dict[str, Any]) -> str:
     """The report as the lines ``edge-agent bench`` prints."""
     target = r["bare_p99_ms"] + TARGET_OVER_BARE_MS
@@ -121,6 +138,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"p99 {r['e2e_p99_ms']:.3f} ms  (target <= bare p99 + {TARGET_OVER_BARE_MS:g} ms = "
         f"{target:.3f}: {met})",
     ]
+    if "genicam" in r:
+        lines.append(genicam_line(r["genicam"]))
     if "p99_ratio" in r:
         ratio = r["p99_ratio"]
         ok = "met" if ratio is not None and ratio <= TARGET_SHADOW_RATIO else "NOT met"

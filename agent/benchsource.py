@@ -13,9 +13,12 @@ URL (password redacted) and the failure's reason word (``refused``, ``unauthoriz
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import cv2
 import numpy as np
@@ -35,7 +38,17 @@ DECODE_MAX_FRAMES = 600
 """Bound on the frames one decode measurement reads."""
 OPEN_TIMEOUT_S = 10.0
 STALL_TIMEOUT_S = 5.0
-LIVE_SCHEMES = {"rtsp": "rtsp", "rtsps": "rtsp", "http": "http", "https": "http"}
+LIVE_SCHEMES = {
+    "rtsp": "rtsp",
+    "rtsps": "rtsp",
+    "http": "http",
+    "https": "http",
+    "genicam": "genicam",
+}
+GENICAM_QUERY = ("pixel_format", "frame_rate", "exposure_us", "packet_size")
+"""What a ``genicam://CAMERA?key=value&...`` source may set of ``[cameras.genicam]``."""
+GENICAM_TRIGGERS = 50
+"""Software triggers fired, one at a time, for the trigger -> frame latency."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class BenchSource:
             "open_timeout_s": OPEN_TIMEOUT_S,
             "stall_timeout_s": STALL_TIMEOUT_S,
         }
+        if self.kind == "genicam":
+            cam["uri"], cam["genicam"] = genicam_uri(self.uri)
         if self.kind == "rtsp":
             cam["transport"] = self.transport
         if self.username:
@@ -145,9 +160,29 @@ def measure_source(src: BenchSource, seconds: float) -> tuple[Image, dict[str, A
     return np.asarray(first, np.uint8), summarize(r, live=False, fps=fps or None)
 
 
+def genicam_uri(uri: str) -> tuple[str, dict[str, Any]]:
+    """``genicam://CAMERA?pixel_format=BayerRG8&frame_rate=30`` as the camera (serial,
+    Aravis id or address) and its ``[cameras.genicam]`` table (validated with the camera).
+
+    Raises:
+        AgentError: a query key that is not one of :data:`GENICAM_QUERY`.
+    """
+    parts = urlsplit(uri)
+    table: dict[str, Any] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in GENICAM_QUERY:
+            raise AgentError(
+                f"bench source {uri}: {key!r} is not one of {', '.join(GENICAM_QUERY)}"
+            )
+        table[key] = value
+    return unquote(parts.netloc + parts.path), table
+
+
 def _measure_live(src: BenchSource, seconds: float) -> tuple[Image, dict[str, Any]]:
     from agent.capture.sources import make_source  # noqa: PLC0415 - OpenCV's capture, lazily
 
+    if src.kind == "genicam":
+        return _measure_genicam(src, seconds)
     source = make_source(src.config())
     try:
         source.open()
@@ -176,3 +211,70 @@ def _first_live_frame(read: Any) -> Image:
         if frame is not None:
             return np.asarray(frame, np.uint8)
     raise CaptureError("bench", "no frame in 50 reads")
+
+
+def _measure_genicam(src: BenchSource, seconds: float) -> tuple[Image, dict[str, Any]]:
+    """A GenICam camera free-running for ``seconds`` (read as the agent reads it: the
+    decode figures, frames delivered against the frame rate it read back, conversion CPU
+    per frame), then software-triggered :data:`GENICAM_TRIGGERS` times, one at a time
+    (trigger -> frame latency).
+
+    Raises:
+        AgentError: the camera does not open or fails (its reason word and why).
+    """
+    from agent.capture.genicam.source import GenicamSource  # noqa: PLC0415
+
+    config = src.config()
+    free = GenicamSource(config)
+    try:
+        free.open()
+        first = _first_live_frame(free.read)
+        r = decode_round(free.read, max_frames=DECODE_MAX_FRAMES, max_s=seconds, stop_on_miss=False)
+        state = free.state.snapshot()
+    except CaptureError as e:
+        raise AgentError(f"bench source {src.shown}: {failure_of(e)}: {e.reason}") from None
+    finally:
+        free.close()
+    if not r.frames:
+        raise AgentError(f"bench source {src.shown}: stalled: no frame within {seconds:g} s")
+    rate = float(state["read_back"].get("AcquisitionFrameRate") or 0) or None
+    figures = summarize(r, live=True, fps=rate)
+    genicam: dict[str, Any] = {
+        "frames_delivered": r.frames,
+        "frames_expected": round(rate * r.elapsed_s) if rate else None,
+        "frame_rate": rate,
+        "incomplete_frames": state["incomplete_frames"],
+        "convert_cpu_per_frame_ms": state["convert_cpu_per_frame_ms"],
+        "pixel_format": state["read_back"].get("PixelFormat", ""),
+        "clock_error_us": state["clock"]["error_us"],
+    }
+    genicam.update(_trigger_latency(config.model_copy(update={
+        "trigger_mode": "software",
+        "genicam": config.genicam_config.model_copy(update={"frame_rate": None}),
+    })))  # fmt: skip
+    return first, {**figures, "genicam": genicam}
+
+
+def _trigger_latency(config: CameraConfig) -> dict[str, Any]:
+    from agent.capture.genicam.source import GenicamSource  # noqa: PLC0415
+
+    source = GenicamSource(config)
+    lat_ms: list[float] = []
+    try:
+        source.open()
+        for _ in range(GENICAM_TRIGGERS):
+            t0 = time.perf_counter_ns()
+            image = source.read()
+            if image is not None:
+                lat_ms.append((time.perf_counter_ns() - t0) / 1e6)
+    except CaptureError as e:
+        return {"trigger_error": f"{failure_of(e)}: {e.reason}"}
+    finally:
+        source.close()
+    lat_ms.sort()
+    return {
+        "triggers": GENICAM_TRIGGERS,
+        "triggers_answered": len(lat_ms),
+        "trigger_to_frame_ms_p50": round(statistics.median(lat_ms), 3) if lat_ms else None,
+        "trigger_to_frame_ms_max": round(lat_ms[-1], 3) if lat_ms else None,
+    }

@@ -61,6 +61,8 @@ class GenicamState:
         self.triggers = 0
         self.stamps_clamped = 0
         self.frames = 0
+        self.convert_cpu_ns = 0
+        """CPU the capture thread spent converting the frames into BGR."""
         self.packets: dict[str, int] = dict.fromkeys(_STREAM_COUNTERS, 0)
         self._session: dict[str, int] = {}
         self.read_back: dict[str, str] = {}
@@ -91,6 +93,9 @@ class GenicamState:
             return {
                 "device": self.device,
                 "frames": self.frames,
+                "convert_cpu_per_frame_ms": round(
+                    self.convert_cpu_ns / 1e6 / self.frames if self.frames else 0.0, 4
+                ),
                 "incomplete_frames": sum(self.incomplete.values()),
                 "incomplete_by_status": dict(self.incomplete),
                 "software_triggers": self.triggers,
@@ -333,11 +338,13 @@ class GenicamSource(Source):
             logger.debug("camera %s: frame %d %s: not handed on", self.config.name,
                          f.frame_id, f.status)  # fmt: skip
             return None
+        cpu0 = time.thread_time_ns()
         out = self._ring.take(f.height, f.width)
         try:
             image = convert(f.data, f.size, f.width, f.height, f.pixel_format, out)
         except PixelFormatError as e:
             raise self._fail("misconfigured", str(e)) from None
+        self.state.convert_cpu_ns += time.thread_time_ns() - cpu0
         arrival_ns = now_ns - (wall_ns - f.system_timestamp_ns) if f.system_timestamp_ns else now_ns
         clock = self.state.clock
         if f.timestamp_ns:

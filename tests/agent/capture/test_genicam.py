@@ -19,12 +19,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from agent.benchsource import BenchSource, measure_source
 from agent.capture import Camera, CameraConfig
 from agent.capture.genicam import aravis
 from agent.capture.genicam.clock import TickClock
 from agent.capture.genicam.pixels import CODES, FrameRing, convert_array
 from agent.capture.genicam.source import GenicamSource
 from agent.capture.rtsp import SourceFailure
+from agent.errors import AgentError
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE = "Fake_1"
@@ -296,3 +298,24 @@ def test_a_machine_without_libaravis_reports_the_camera_unavailable_naming_the_p
     word, _, text = run.stdout.partition("|")
     assert word.strip() == "unavailable"
     assert "install Debian's libaravis-0.8-0" in text
+
+
+def test_the_bench_measures_a_genicam_source_delivered_converted_and_triggered() -> None:
+    src = BenchSource(f"genicam://{FAKE}?pixel_format=BayerGB8&frame_rate=50")
+    assert src.live
+    assert src.kind == "genicam"
+    first, figures = measure_source(src, 1.0)
+    g = figures["genicam"]
+    assert first.ndim == 3
+    assert g["pixel_format"] == "BayerGB8"
+    assert g["frame_rate"] == 50.0
+    assert g["frames_delivered"] == figures["frames_decoded"] > 0
+    assert g["frames_expected"] is not None
+    assert g["convert_cpu_per_frame_ms"] > 0
+    assert g["triggers_answered"] == g["triggers"] == 50
+    assert g["trigger_to_frame_ms_p50"] > 0
+
+
+def test_a_bench_source_with_an_unknown_genicam_setting_is_refused_naming_it() -> None:
+    with pytest.raises(AgentError, match="'gain' is not one of pixel_format, frame_rate"):
+        BenchSource("genicam://X?gain=3").config()
