@@ -13,6 +13,7 @@ reviews (the ground-truth labels), accuracy from those labels and CSV export.
 - :mod:`~fleet_server.review.images`: a decision's image (the thumbnail its device
   uploaded), and both models' outputs drawn on it for a shadow comparison
   (:mod:`~fleet_server.review.overlay`).
+- :mod:`~fleet_server.review.queue`: a filter's review queue (what is left, what is next).
 - :mod:`~fleet_server.review.shadow`: a decision's shadow comparison (the candidate's
   outcome and outputs) and which model a label agrees with.
 
@@ -65,6 +66,7 @@ from fleet_server.review.labels import (
     parse_group,
 )
 from fleet_server.review.query import Page, list_decisions
+from fleet_server.review.queue import MAX_COUNTED, QueuePlace, count_unreviewed, place
 from fleet_server.review.reviews import (
     VERDICTS,
     DecisionDetail,
@@ -97,6 +99,7 @@ __all__ = [
     "FILTER_PARAMS",
     "GROUP_KEYS",
     "IMAGE_PATH",
+    "MAX_COUNTED",
     "MAX_EXPORT_ROWS",
     "MAX_LABELS",
     "MAX_LIMIT",
@@ -115,6 +118,7 @@ __all__ = [
     "OutcomeScore",
     "Page",
     "Proportion",
+    "QueuePlace",
     "Review",
     "ReviewError",
     "RightModel",
@@ -127,6 +131,7 @@ __all__ = [
     "check_export_size",
     "comparison_image",
     "comparison_url",
+    "count_unreviewed",
     "decision_image",
     "decode_cursor",
     "encode_cursor",
@@ -144,6 +149,7 @@ __all__ = [
     "outcome_scores",
     "parse_filter",
     "parse_group",
+    "place",
     "proportion",
     "right_model",
     "save_review",

@@ -48,6 +48,7 @@ from fleet_server.review import (
     image_url,
     list_decisions,
     parse_filter,
+    place,
     save_review,
     shadow_outcomes,
 )
@@ -66,9 +67,34 @@ ACCURACY_GROUP = ["line", "model_version"]
 
 def _params(request: Request) -> dict[str, str]:
     """The page's filter parameters as given (blank ones left out)."""
-    q = request.query_params
+    return _params_of(request.query_params)
+
+
+def _params_of(q: Any) -> dict[str, str]:
     names = (*TEXT_FILTERS, "range", "reviewed", "disagreement")
     return {n: q[n].strip() for n in names if q.get(n, "").strip()}
+
+
+def _list_filter(back: str, now: float, user: Principal) -> DecisionFilter | None:
+    """The filter of the decision list ``back`` points to (None: it is not the list, or
+    its filter does not parse): the queue "save and next" walks."""
+    parts = urllib.parse.urlsplit(back)
+    if parts.path != f"{PREFIX}/decisions":
+        return None
+    query = dict(urllib.parse.parse_qsl(parts.query, max_num_fields=50))
+    try:
+        return _filter(_params_of(query), now, user)
+    except PageError:
+        return None
+
+
+def _decision_url(decision_id: str, device_id: str, back: str, *, done: bool = False) -> str:
+    query = {
+        **({"done": "1"} if done else {}),
+        **({"device": device_id} if device_id else {}),
+        "back": back,
+    }
+    return f"{PREFIX}/decisions/{urllib.parse.quote(decision_id)}?{urllib.parse.urlencode(query)}"
 
 
 def _filter(params: dict[str, str], now: float, user: Principal) -> DecisionFilter:
@@ -179,6 +205,18 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
         frame = frame_of(outputs)
         drawing = draw(boxes, image=picture, frame=frame, label=f"decision {d.summary.id}",
                        lazy=False)  # fmt: skip
+        back_url = safe_next(back) if back else f"{PREFIX}/decisions"
+        listed = _list_filter(back_url, time.time(), user)
+        queue = None
+        if listed is not None:
+            at = place(engine, listed, d.summary)
+            queue = {
+                "left": at.left,
+                "more": at.more,
+                "next_url": (
+                    _decision_url(at.next.id, at.next.device_id, back_url) if at.next else None
+                ),
+            }
         values = {
             "d": d,
             "s": d.summary,
@@ -202,7 +240,8 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             "can_review": user.can("decisions:review"),
             "error": error,
             "done": done,
-            "back": safe_next(back) if back else f"{PREFIX}/decisions",
+            "back": back_url,
+            "queue": queue,
         }
         return pages.render(request, "decision.html", values, user=user, status=status)
 
@@ -241,10 +280,21 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             )
         except ReviewError as exc:
             raise PageError(400, str(exc), user=user) from None
-        query = urllib.parse.urlencode(
-            {"done": "1", "back": safe_next(back), **({"device": device} if device else {})}
-        )
-        target = f"{PREFIX}/decisions/{urllib.parse.quote(decision_id)}?{query}"
+        back_url = safe_next(back) if back else f"{PREFIX}/decisions"
+        target = _decision_url(decision_id, device or "", back_url, done=True)
+        if fields.get("then") == "next":  # save and next: the next one of the same filter
+            target = await run_in_threadpool(_after, user, decision_id, device, back_url)
         return RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
+
+    def _after(user: Principal, decision_id: str, device: str | None, back_url: str) -> str:
+        """Where "save and next" goes: the filter's next decision to review, or the list
+        when none is left."""
+        listed = _list_filter(back_url, time.time(), user)
+        if listed is None:
+            return back_url
+        following = place(engine, listed, get_decision(engine, decision_id, device).summary).next
+        if following is None:
+            return back_url
+        return _decision_url(following.id, following.device_id, back_url, done=True)
 
     return router

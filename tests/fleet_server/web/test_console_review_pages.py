@@ -7,6 +7,7 @@ deadline."""
 
 from __future__ import annotations
 
+import html
 import random
 import re
 import time
@@ -198,3 +199,58 @@ def test_a_parts_decisions_show_station_part_id_and_a_missed_deadline(console: C
     reviews = vic.get("/ui/decisions?outcome=review")  # the seeded, free-running ones
     free = vic.get(f"/ui/decisions/{first_decision(reviews)}").text
     assert "free-running, no PLC trigger" in free
+
+
+def test_save_and_next_walks_the_filter_s_queue_and_says_what_is_left(console: Console) -> None:
+    """Three unreviewed decisions of one station: the list's filter goes with each review
+    (the back link keeps it), "save and next" opens the next one of the same filter with
+    one fewer left, the last one leads back to the filtered list, and the page names its
+    keys."""
+    ts = time.time() - 30
+    rng = random.Random(12)
+    rows = [
+        DecisionRow.model_validate(
+            decision_payload(FEATURED, ts + n, n, "reject", rng) | {"station": "st-queue"}
+        )
+        for n in range(3)
+    ]
+    assert SqlSink(console.engine).store_decisions(rows) == 3
+    lena = console.client("lena")
+    listing = lena.get("/ui/decisions?station=st-queue&reviewed=no")
+    assert listing.status == 200, listing.text
+    m = re.search(r'href="(/ui/decisions/[0-9a-f-]{36}\?back=[^"]+)"', listing.text)
+    assert m is not None, listing.text
+    page = lena.get(m.group(1).replace("&amp;", "&"))
+    seen = []
+    for left in (3, 2, 1):
+        assert page.status == 200, page.text
+        crumbs = re.search(r'<p class="crumbs">.*?</p>', page.text, re.S)
+        assert crumbs is not None
+        assert f'data-testid="queue-left">{left} left' in crumbs.group(0), crumbs.group(0)
+        assert f'data-testid="queue-left">{left} left to review in this filter' in page.text
+        assert "<kbd>c</kbd> confirm and next" in page.text
+        decision = re.search(r'action="/ui/decisions/([0-9a-f-]{36})/review', page.text)
+        assert decision is not None
+        seen.append(decision.group(1))
+        back = html.unescape(page.field("back"))
+        assert back == "/ui/decisions?station=st-queue&reviewed=no"
+        saved = lena.post(
+            f"/ui/decisions/{decision.group(1)}/review?device={FEATURED}",
+            {"verdict": "confirm", "then": "next", "back": back, "csrf_token": lena.csrf()},
+        )
+        assert saved.status == 303
+        location = saved.headers["location"]
+        if left > 1:
+            assert location.startswith("/ui/decisions/")
+            assert "done=1" in location
+            page = lena.get(location)
+            assert "Review saved." in page.text
+        else:
+            assert location == back  # nothing left: back to the filtered list
+    assert sorted(seen) == sorted(r.id for r in rows)  # each once, newest first
+    assert seen == [r.id for r in reversed(rows)]
+    done = lena.get("/ui/decisions?station=st-queue&reviewed=no")
+    assert "No decision matches." in done.text
+    shown = lena.get(f"/ui/decisions/{rows[0].id}?device={FEATURED}&back=" + urllib.parse.quote(
+        "/ui/decisions?station=st-queue"))  # fmt: skip
+    assert 'data-testid="queue-left">nothing left to review in this filter' in shown.text
