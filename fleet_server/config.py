@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError
 from agent.kernel.configbase import Section, dotted
 from agent.kernel.errors import ConfigError
 from agent.kernel.toml import load_toml_file
+from fleet_server.alerts.config import AlertsSection
 from fleet_server.auth.config import AuthSection
 from fleet_server.broker import MosquittoConfig
 from fleet_server.broker.identity import guessable_group
@@ -350,6 +351,9 @@ class FleetServerConfig(Section):
         default_factory=MetricsSection, description="Prometheus metrics on GET /metrics."
     )
     auth: AuthSection = Field(default_factory=AuthSection, description="Sign-in sessions.")
+    alerts: AlertsSection = Field(
+        default_factory=AlertsSection, description="Alerts: rules, webhooks, deliveries."
+    )
 
     @property
     def state_dir(self) -> Path:
@@ -435,6 +439,10 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         for shard in shards if isinstance(shards, list) else ():
             if isinstance(shard, dict):
                 _resolve(shard.get("external"), ("ca", "cert", "key"), base)
+    alerts = data.get("alerts")
+    hooks = alerts.get("webhooks") if isinstance(alerts, dict) else None
+    for hook in hooks if isinstance(hooks, list) else ():
+        _resolve(hook, ("ca_file",), base)
     db = data.get("database")
     if isinstance(db, dict) and isinstance(db.get("url"), str):
         prefix = "sqlite:///"

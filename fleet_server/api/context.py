@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
+from fleet_server.alerts.board import AlertBoard
 from fleet_server.api.ports import RolloutOps
 from fleet_server.broker import BrokerError, ManagedBroker
 from fleet_server.ca import FleetCA
@@ -63,6 +64,8 @@ class ServerContext:
     health: HealthRegistry = field(default_factory=HealthRegistry)
     leader: Leadership = field(default_factory=lambda: SingleReplica("single"))
     """Whether this replica leads (leader-only jobs ask it; rollout saves are fenced)."""
+    alerts: AlertBoard | None = None
+    """The alerts firing, for the console's badge (attached by the alerts service)."""
     _broker_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:

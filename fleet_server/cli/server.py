@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     """The services ``serve`` starts with the server: the ingest workers, the file
     server, the rollout service (which also answers the API's rollout endpoints), the
-    drift job, and retention."""
-    from fleet_server.jobs import (  # noqa: PLC0415 - each command imports its own
+    drift job, retention, and alerts."""
+    from fleet_server.alerts.runner import AlertRunner  # noqa: PLC0415 - each command imports its own
+    from fleet_server.jobs import (  # noqa: PLC0415
         DriftRunner,
         RolloutRunner,
     )
@@ -57,7 +58,7 @@ def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     from fleet_server.services import FileService, IngestService  # noqa: PLC0415
 
     del config
-    return [IngestService, FileService, RolloutRunner, DriftRunner, RetentionRunner]
+    return [IngestService, FileService, RolloutRunner, DriftRunner, RetentionRunner, AlertRunner]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -107,10 +108,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     from sqlalchemy.engine import make_url  # noqa: PLC0415 - each command imports its own
 
+    from fleet_server.alerts.secrets import secrets_of  # noqa: PLC0415
     from fleet_server.broker.fleet import shard_addresses  # noqa: PLC0415
     from fleet_server.config import load_config  # noqa: PLC0415
 
     cfg = load_config(Path(args.config))
+    secrets_of(cfg.alerts)  # a webhook's secret missing or short is an error here as at start
     report = {
         "config": args.config,
         "state_dir": str(cfg.state_dir),
@@ -135,6 +138,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         "ca": str(cfg.ca_path),
         "repository": str(cfg.repository_path),
         "keystore": str(cfg.keystore_path),
+        "alerts": {
+            "enabled": cfg.alerts.enabled,
+            "rules": [n for n, r in cfg.alerts.rules.by_name().items() if r.enabled],
+            "webhooks": [
+                {"name": w.name, "url": w.url, "secret_env": w.secret_env}
+                for w in cfg.alerts.webhooks
+            ],
+        },
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -144,6 +155,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             f"{args.config}: ok (API {report['api']}, {kind} broker "
             f"{cfg.broker.listen_host()}:{cfg.broker.listen_port()}, state {cfg.state_dir})"
         )
+        for hook in cfg.alerts.webhooks:
+            print(f"  alerts webhook {hook.name}: {hook.url} (secret ${hook.secret_env} set)")
         if cfg.broker.shards:
             for shard in report["shards"]:
                 sites = f", sites {', '.join(shard['sites'])}" if shard["sites"] else ""
