@@ -66,6 +66,21 @@ class AuditBudget(Section):
     )
 
 
+class AlertsBudget(Section):
+    """``alerts`` (with their webhook deliveries, dead letters included, which go with
+    them): judged by when an alert resolved; an alert still firing is never pruned."""
+
+    max_age_days: float | None = Field(
+        180.0,
+        gt=0,
+        le=MAX_DAYS,
+        description="Days a resolved alert is kept after it resolved (unset: no age limit).",
+    )
+    max_rows: int | None = Field(
+        100_000, ge=1, le=MAX_ROWS, description="Most resolved alerts kept (unset: no limit)."
+    )
+
+
 class TelemetryBudget(Section):
     """``telemetry``: health samples (``devices.health`` keeps the newest)."""
 
@@ -199,6 +214,10 @@ class RetentionSection(Section):
     audit_log: AuditBudget = Field(
         default_factory=AuditBudget,
         description="The audit trail (default 400 days, 1,000,000 rows).",
+    )
+    alerts: AlertsBudget = Field(
+        default_factory=AlertsBudget,
+        description="Resolved alerts and their deliveries (default 180 days, 100,000 rows).",
     )
     quarantine: QuarantineBudget = Field(
         default_factory=QuarantineBudget,

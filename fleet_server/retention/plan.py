@@ -36,6 +36,7 @@ BUDGETED = {
     "drift_hours": "drift_hours",
     "quarantine": "quarantine",
     "audit_log": "audit_log",
+    "alerts": "alerts",
 }
 """Tables with an age / row budget, in pruning order, and their ``[retention]`` field
 (decisions before their images, so an image goes in its decision's transaction)."""

@@ -29,6 +29,7 @@ TIME_COLUMNS: dict[str, sa.Column[Any]] = {
     "drift_hours": t.drift_hours.c.hour,
     "quarantine": t.quarantine.c.received_at,
     "audit_log": t.audit_log.c.ts,
+    "alerts": t.alerts.c.resolved_at,  # NULL while firing: never before a cutoff
     SESSIONS: t.user_sessions.c.expires_at,
     TOKENS: t.enrollment_tokens.c.expires_at,
 }
@@ -154,6 +155,12 @@ def _chunks(keys: Sequence[tuple[Any, Any]], size: int) -> list[list[tuple[Any, 
 def nth_newest(conn: Connection, table: str, rows: int) -> float | None:
     """The time of ``table``'s ``rows``-th newest row (None: it holds fewer)."""
     column = TIME_COLUMNS[table]
-    query = sa.select(column).order_by(column.desc()).offset(rows - 1).limit(1)
+    query = (
+        sa.select(column)
+        .where(column.is_not(None))  # a firing alert has no time yet: not counted
+        .order_by(column.desc())
+        .offset(rows - 1)
+        .limit(1)
+    )
     value = conn.execute(query).scalar()
     return None if value is None else float(value)
