@@ -1,6 +1,7 @@
 """The web console on the API's app: :func:`install_console` adds the pages under
-``/ui/``, their static files, the redirect from ``/``, and the handler that shows a
-:class:`~fleet_server.web.pages.PageError` as a page. :func:`install_review_pages` adds
+``/ui/``, their static files, the redirect from ``/``, and the handlers that show a
+:class:`~fleet_server.web.pages.PageError`, and a ``/ui/`` path no route serves, as a
+page. :func:`install_review_pages` adds
 the decision review pages alone (the review bench's app)."""
 
 from __future__ import annotations
@@ -8,10 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fleet_server.web.pages import PREFIX, Console, PageError, Pages
+from fleet_server.auth.deps import Principal
+from fleet_server.web.pages import PREFIX, Console, PageError, Pages, signed_in
 from fleet_server.web.routes_audit import audit_router
 from fleet_server.web.routes_drift import drift_router
 from fleet_server.web.routes_fleet import fleet_router
@@ -60,6 +65,27 @@ def _show_errors(app: FastAPI, pages: Pages) -> None:
         return pages.error_page(request, exc)
 
     app.add_exception_handler(PageError, on_page_error)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        # A console path no route serves (or a method it does not take) gets the
+        # console's own error page, with the menu when a session is live; the API's
+        # paths keep their JSON answers.
+        assert isinstance(exc, StarletteHTTPException)  # noqa: S101 (registered for it)
+        if request.url.path.startswith(PREFIX + "/") and exc.status_code in (404, 405):
+            user = await run_in_threadpool(_user_or_none, request)
+            what = "no such page" if exc.status_code == 404 else f"no {request.method} here"
+            reason = f"{what}: {request.url.path}"
+            return pages.error_page(request, PageError(exc.status_code, reason, user=user))
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+
+
+def _user_or_none(request: Request) -> Principal | None:
+    try:
+        return signed_in(request)
+    except PageError:
+        return None
 
 
 def install_console(app: FastAPI, ctx: ServerContext) -> None:

@@ -341,3 +341,33 @@ def test_a_line_manager_filters_decisions_overrides_one_and_sees_it_in_the_expor
     assert exported.status == 200, exported.text()
     [row] = [ln for ln in exported.text().splitlines() if ln.startswith(decision_id)]
     assert "override,pass,a reflection, not a scratch,lena" in row.replace('"', "")
+
+
+PHONE = {"width": 375, "height": 740}
+WIDE_ENOUGH = "() => document.documentElement.scrollWidth <= window.innerWidth"
+
+
+def test_every_page_fits_a_phone_without_scrolling_sideways(
+    fleet: RunningConsole, browser: Browser
+) -> None:
+    """At 375 px (a phone held upright) no page scrolls sideways: wide tables scroll in
+    their own box, the header wraps, and the user menu stays reachable."""
+    context = browser.new_context(viewport=PHONE)  # type: ignore[arg-type]
+    context.set_default_timeout(WAIT_MS)
+    page = context.new_page()
+    try:
+        page.goto(fleet.url + "/ui/login")
+        assert page.evaluate(WIDE_ENOUGH), "the sign-in page scrolls sideways"
+        sign_in(page, fleet, "olga")
+        decision = page.request.get(fleet.url + "/api/v1/decisions?limit=1").json()
+        pages = ["/ui/", f"/ui/devices/{FEATURED}", "/ui/bundles", "/ui/rollouts",
+                 "/ui/rollouts/new", "/ui/drift", "/ui/decisions", "/ui/audit",
+                 f"/ui/decisions/{decision['rows'][0]['id']}"]  # fmt: skip
+        for path in pages:
+            page.goto(fleet.url + path)
+            expect(page.get_by_test_id("user")).to_be_visible()
+            wide = page.evaluate("() => document.documentElement.scrollWidth")
+            assert page.evaluate(WIDE_ENOUGH), f"{path} is {wide} px wide at 375 px"
+            shot(page, "phone" + path.replace("/", "-").rstrip("-"))
+    finally:
+        context.close()

@@ -371,3 +371,22 @@ def test_pages_make_the_same_few_queries_for_10_or_1000_devices(
     bundles, _ = _statements(c, vic, "/ui/bundles")
     assert device <= 14  # 12, and the drift flags of its line (a query and its BEGIN)
     assert bundles <= 6
+
+
+def test_an_unknown_console_path_gets_the_console_s_404_page_and_the_api_keeps_json(
+    start: Callable[[str], Console], tmp_path: Path
+) -> None:
+    c = start(sqlite_url(tmp_path / "fleet.db"))
+    olga = c.client("olga")
+    page = olga.get("/ui/no-such-page")
+    assert page.status == 404
+    assert page.headers["content-type"].startswith("text/html")
+    assert "no such page: /ui/no-such-page" in page.text
+    assert 'data-testid="user">olga' in page.text  # the menu, for a live session
+    anonymous = Client(c.url).get("/ui/nowhere/at/all")
+    assert anonymous.status == 404
+    assert "no such page" in anonymous.text
+    api = Client(c.url).get("/api/v1/no-such-thing")
+    assert api.status == 404
+    assert api.headers["content-type"].startswith("application/json")
+    assert json.loads(api.text) == {"detail": "Not Found"}
