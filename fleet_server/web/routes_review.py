@@ -58,6 +58,7 @@ from fleet_server.web import queries
 from fleet_server.web.frames import THUMB, Picture, boxes_of, draw, frame_of
 from fleet_server.web.pages import PREFIX, SECURITY_HEADERS, PageError, Pages, posted, safe_next
 from fleet_server.web.pages import signed_in as signed_in_
+from fleet_server.web.rules import policy_text
 
 RANGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 OUTCOMES = ("pass", "reject", "review")
@@ -242,6 +243,7 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             "done": done,
             "back": back_url,
             "queue": queue,
+            "policy": policy_text(d.payload.get("thresholds")),
         }
         return pages.render(request, "decision.html", values, user=user, status=status)
 

@@ -229,6 +229,10 @@ def test_save_and_next_walks_the_filter_s_queue_and_says_what_is_left(console: C
         assert f'data-testid="queue-left">{left} left' in crumbs.group(0), crumbs.group(0)
         assert f'data-testid="queue-left">{left} left to review in this filter' in page.text
         assert "<kbd>c</kbd> confirm and next" in page.text
+        latencies = re.search(r'data-testid="latencies">(.*?)</dd>', page.text)
+        assert latencies is not None
+        assert re.fullmatch(r"(\w+ \d+\.\d ms( · )?)+", latencies.group(1)), latencies.group(1)
+        assert 'data-testid="policy">reject_above 0.8; review_above 0.6' in page.text
         decision = re.search(r'action="/ui/decisions/([0-9a-f-]{36})/review', page.text)
         assert decision is not None
         seen.append(decision.group(1))
