@@ -22,6 +22,7 @@ from agent.echo import echo_decision
 from agent.errors import AgentError
 from agent.installer.cli import add_parsers as add_installer_parsers
 from agent.kernel import secrets
+from agent.kernel.cliversion import add_version
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
 from agent.kernel.signals import SignalRelay
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG_RUN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> None:

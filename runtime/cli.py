@@ -241,6 +241,25 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """``--version``: the installed edgefleet's version, read only when asked (the
+    runtime is a library of its own: agent.kernel.cliversion is the agent's copy)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kw: Any) -> None:
+        from importlib import metadata  # noqa: PLC0415 - only when asked
+
+        try:
+            version = metadata.version("edgefleet")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        print(f"{parser.prog} {version}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -249,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser(

@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 
+from agent.kernel.cliversion import add_version
 from agent.kernel.errors import EdgefleetError
 from fleet_server.cli import logs
 from fleet_server.cli.audit import add_audit
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_keys(commands)
     add_repo(commands)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.kernel.cliversion import add_version
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.sdnotify import Notifier, forget
 from agent.kernel.signals import SignalRelay
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(p: argparse.ArgumentParser) -> None:
