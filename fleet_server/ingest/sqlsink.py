@@ -64,6 +64,48 @@ KNOWN_CACHE = 100_000
 """Kind of the events that keep the history of reported states."""
 
 
+CONNECTION_EVENT = "connection"
+"""Kind of the events that say a device went offline or came back (``{"online": bool,
+"message": ...}``, at the server's time of noticing)."""
+
+
+def _connection_event(device_id: str, online: bool, now: float) -> EventRecord:
+    message = "came back online" if online else "went offline (its connection dropped)"
+    return EventRecord(
+        device_id,
+        f"{CONNECTION_EVENT}:{now!r}:{int(online)}",
+        now,
+        CONNECTION_EVENT,
+        {"online": online, "message": message},
+        now,
+    )
+
+
+def _back_online(conn: Connection, seen: Collection[str], now: float) -> None:
+    """A came-back event for each of ``seen`` held offline (a heartbeat batch: checked
+    before they are marked online)."""
+    if not seen:
+        return
+    back = conn.execute(
+        sa.select(devices.c.device_id).where(
+            devices.c.device_id.in_(sorted(seen)), devices.c.online.is_(False)
+        )
+    ).scalars()
+    records = [_connection_event(device_id, True, now) for device_id in back]
+    if records:
+        store.insert_events(conn, records)
+
+
+def _connection_changed(conn: Connection, device_id: str, online: bool, now: float) -> None:
+    """An event when the device's ``online`` flips (checked before the row is updated)."""
+    held = conn.execute(
+        sa.select(devices.c.online).where(devices.c.device_id == device_id)
+    ).scalar_one_or_none()
+    if held is None or bool(held) == online:
+        return
+    store.insert_events(conn, [_connection_event(device_id, online, now)])
+
+
 def state_event_id(ts: float) -> str:
     """The event id of the state reported at ``ts`` (the same on every delivery)."""
     return f"{STATE_EVENT}:{ts!r}"
@@ -123,6 +165,7 @@ class SqlSink:
         seen = dict.fromkeys(_newest_by_device(rows), now)
         with store.write_transaction(self.engine) as conn:
             inserted = store.insert_heartbeats(conn, _records(rows, now))
+            _back_online(conn, seen, now)
             store.touch_devices(conn, seen)
         return inserted
 
@@ -247,6 +290,7 @@ class SqlSink:
         now = self.clock()
         with store.write_transaction(self.engine) as conn:
             if state.ts is None:
+                _connection_changed(conn, device_id, state.online, now)
                 conn.execute(
                     devices.update()
                     .where(devices.c.device_id == device_id)
@@ -273,6 +317,7 @@ class SqlSink:
                     "ingest: state of %s at %r is older than the one held", device_id, state.ts
                 )
                 return
+            _connection_changed(conn, device_id, state.online, now)
             conn.execute(
                 devices.update()
                 .where(devices.c.device_id == device_id)

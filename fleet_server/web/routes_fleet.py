@@ -142,6 +142,9 @@ def fleet_router(console: Console) -> APIRouter:
             "states": STATES,
             "drift": drifted_lines(engine),
             "pending": pending,
+            # the page fetches itself again every 5 s (app.js): a device going offline
+            # shows without a reload
+            "live_url": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
         }
         return console.render(request, "overview.html", values, user=user)
 

@@ -91,7 +91,8 @@ class _Watch:
     SQL = (
         "SELECT (SELECT count(*) FROM decisions WHERE device_id = :d AND ts < :t), "
         "(SELECT count(*) FROM telemetry WHERE device_id = :d AND ts < :t) + "
-        "(SELECT count(*) FROM events WHERE device_id = :d AND ts < :t)"
+        "(SELECT count(*) FROM events WHERE device_id = :d AND ts < :t "
+        "AND kind != 'connection')"  # the device's own, not the server's connection events
     )
 
     def __init__(self, db: Path, before: float) -> None:

@@ -36,7 +36,7 @@ from agent.wire.messages import (
 from fleet_server.db import store
 from fleet_server.db.tables import decisions, events, heartbeats, telemetry
 from fleet_server.ingest import IngestWorker
-from fleet_server.ingest.sqlsink import STATE_EVENT, SqlSink
+from fleet_server.ingest.sqlsink import CONNECTION_EVENT, STATE_EVENT, SqlSink
 from tests.support.broker import Broker
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]  # the db, db_url and pg_cluster fixtures
@@ -336,6 +336,8 @@ def _stored(db: Engine, prefix: str) -> int:
     with db.connect() as conn:
         for table in (heartbeats, telemetry, decisions, events):
             query = sa.select(sa.func.count()).where(table.c.device_id.startswith(prefix))
+            if table is events:  # the uploaded ones, not the server's connection events
+                query = query.where(events.c.kind != CONNECTION_EVENT)
             total += int(conn.execute(query).scalar_one())
     return total
 
@@ -399,3 +401,29 @@ def test_two_workers_on_one_shared_subscription_store_each_record_once(
     assert device.last_seen is not None
     assert started <= device.last_seen <= time.time()  # receive time, not the device's
     assert device.health is not None
+
+
+def test_going_offline_and_coming_back_are_events_once_each(db: Engine) -> None:
+    """The last will, a heartbeat after it and a state after another last will: one
+    connection event per change of ``online``, none for a repeat."""
+    clock = _Clock(TS + 1)
+    sink = SqlSink(db, clock=clock)
+    sink.store_state("dev-c", _state(TS, 2))  # registered by its state: came online
+    sink.store_state("dev-c", ReportedState.offline("dev-c"))
+    sink.store_state("dev-c", ReportedState.offline("dev-c"))  # the will again: no event
+    clock.now = TS + 5
+    sink.store_heartbeats([Heartbeat(device_id="dev-c", seq=1, ts=TS + 5)])
+    sink.store_heartbeats([Heartbeat(device_id="dev-c", seq=2, ts=TS + 6)])  # still online
+    clock.now = TS + 9
+    sink.store_state("dev-c", ReportedState.offline("dev-c"))
+    clock.now = TS + 12
+    sink.store_state("dev-c", _state(TS + 12, 2))
+    seen = store.list_events(db, "dev-c", kind="connection")
+    got = sorted((e.ts, e.payload["online"]) for e in seen)
+    # the first state of a device its row held offline (enrolled) counts as coming online
+    assert got == [(TS + 1, False), (TS + 1, True), (TS + 5, True), (TS + 9, False),
+                   (TS + 12, True)]  # fmt: skip
+    assert {e.payload["message"] for e in seen} == {
+        "came back online",
+        "went offline (its connection dropped)",
+    }

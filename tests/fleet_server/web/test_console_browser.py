@@ -162,6 +162,26 @@ def test_the_overview_filters_and_a_device_page_shows_its_health_over_time(
     shot(page, "device")
 
 
+def test_the_overview_shows_a_device_going_offline_without_a_reload(
+    fleet: RunningConsole, page: Page
+) -> None:
+    sign_in(page, fleet, "vic", f"/ui/?q={HOT}")
+    row = page.locator("table.devices tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator(".badge.on")).to_have_text("online")
+    engine = open_database(fleet.db_url)
+    try:
+        store.mark_seen(engine, HOT, time.time(), False)  # as the ingest does on its last will
+        try:
+            # the page fetches itself every 5 s: no reload, no click
+            expect(row.locator(".badge.off")).to_have_text("offline", timeout=20_000)
+            expect(page.get_by_test_id("summary")).to_contain_text("0 online")
+        finally:
+            store.mark_seen(engine, HOT, time.time(), True)
+    finally:
+        engine.dispose()
+
+
 def test_the_bundles_page_shows_versions_signatures_and_where_they_run(
     fleet: RunningConsole, page: Page
 ) -> None:
