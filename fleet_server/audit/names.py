@@ -31,12 +31,19 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("DELETE", "/api/v1/drift/pin"): "drift.unpin",
     ("POST", "/api/v1/decisions/{decision_id}/review"): "decision.review",
     ("POST", "/ui/decisions/{decision_id}/review"): "decision.review",
+    ("POST", "/ui/users"): "user.add",
+    ("POST", "/ui/users/{username}/{action}"): "user.{action}",
 }
 
 NOT_CHANGES: frozenset[tuple[str, str]] = frozenset({("POST", "/ui/rollouts/preview")})
 """Posts that change nothing (a form's preview): not recorded."""
 
-TARGETS = (("rollout_id", "rollout"), ("decision_id", "decision"), ("device_id", "device"))
+TARGETS = (
+    ("rollout_id", "rollout"),
+    ("decision_id", "decision"),
+    ("device_id", "device"),
+    ("username", "user"),
+)
 """Path parameters that name a target, in order of preference, and their kind."""
 
 

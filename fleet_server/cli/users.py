@@ -128,7 +128,7 @@ def cmd_users_passwd(args: argparse.Namespace) -> int:
             raise UnknownUser(args.name)
         password = read_password(args, args.name)
         set_password(engine, PasswordHasher(), args.name, password)
-        _audit(engine, "user.passwd", args.name)
+        _audit(engine, "user.password", args.name)
     text = f"password of {args.name} changed; its sessions ended"
     return _emit(args, {"username": args.name, "password_changed": True}, text)
 

@@ -23,6 +23,7 @@ from fleet_server.web.routes_fleet import fleet_router
 from fleet_server.web.routes_login import login_router
 from fleet_server.web.routes_review import review_router
 from fleet_server.web.routes_rollouts import rollouts_router
+from fleet_server.web.routes_users import users_router
 
 if TYPE_CHECKING:
     from fleet_server.api.context import ServerContext
@@ -99,6 +100,7 @@ def install_console(app: FastAPI, ctx: ServerContext) -> None:
         rollouts_router(console),
         drift_router(console),
         audit_router(console),
+        users_router(console),
         review_router(console, ctx.engine),
     ):
         app.include_router(router)

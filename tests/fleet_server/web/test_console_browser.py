@@ -381,7 +381,7 @@ def test_every_page_fits_a_phone_without_scrolling_sideways(
         sign_in(page, fleet, "olga")
         decision = page.request.get(fleet.url + "/api/v1/decisions?limit=1").json()
         pages = ["/ui/", f"/ui/devices/{FEATURED}", "/ui/bundles", "/ui/rollouts",
-                 "/ui/rollouts/new", "/ui/drift", "/ui/decisions", "/ui/audit",
+                 "/ui/rollouts/new", "/ui/drift", "/ui/decisions", "/ui/audit", "/ui/users",
                  f"/ui/decisions/{decision['rows'][0]['id']}"]  # fmt: skip
         for path in pages:
             page.goto(fleet.url + path)

@@ -21,7 +21,7 @@ from agent.wire import topics
 from agent.wire.messages import Event, encode
 from fleet_server.auth.deps import COOKIE_NAME
 from fleet_server.db import sqlite_url, store
-from fleet_server.db.tables import devices
+from fleet_server.db.tables import audit_log, devices
 from fleet_server.ingest.batch import Batch
 from fleet_server.ingest.sqlsink import SqlSink
 from tests.fleet_server.web.console_http_support import (
@@ -390,3 +390,55 @@ def test_an_unknown_console_path_gets_the_console_s_404_page_and_the_api_keeps_j
     assert api.status == 404
     assert api.headers["content-type"].startswith("application/json")
     assert json.loads(api.text) == {"detail": "Not Found"}
+
+
+def test_an_operator_manages_users_on_the_users_page_and_each_change_is_audited(
+    start: Callable[[str], Console], tmp_path: Path
+) -> None:
+    c = start(sqlite_url(tmp_path / "fleet.db"))
+    olga = c.client("olga")
+    listed = olga.get("/ui/users")
+    assert listed.status == 200, listed.text
+    assert re.findall(r'data-testid="user-row" data-user="([^"]+)"', listed.text) == [
+        "lena", "olga", "vic"
+    ]  # fmt: skip
+    added = olga.post("/ui/users", {"username": "nina", "role": "line-manager",
+                                    "csrf_token": olga.csrf()})  # fmt: skip
+    assert added.status == 200, added.text
+    made = re.search(r'data-testid="new-password">([^<]+)</code>', added.text)
+    assert made is not None
+    nina = Client(c.url)
+    assert nina.login("nina", made.group(1)).status == 303  # the shown password works
+    assert nina.get("/ui/users").status == 403  # a line manager may not manage users
+    again = olga.post("/ui/users", {"username": "nina", "role": "viewer",
+                                    "csrf_token": olga.csrf()})  # fmt: skip
+    assert again.status == 400
+    assert "Not added" in again.text
+    role = olga.post("/ui/users/nina/role", {"role": "viewer", "csrf_token": olga.csrf()})
+    assert role.status == 303
+    assert role.headers["location"] == "/ui/users?done=role"
+    assert olga.post("/ui/users/nina/disable", {"csrf_token": olga.csrf()}).status == 303
+    assert nina.get("/ui/").status == 303  # disabled: the session ended, back to sign-in
+    reset = olga.post("/ui/users/nina/password", {"csrf_token": olga.csrf()})
+    assert reset.status == 200
+    assert 'data-testid="new-password"' in reset.text
+    self_demote = olga.post("/ui/users/olga/role", {"role": "viewer", "csrf_token": olga.csrf()})
+    assert self_demote.status == 409
+    assert "your own role" in self_demote.text
+    assert olga.post("/ui/users/ghost/enable", {"csrf_token": olga.csrf()}).status == 404
+    with c.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(audit_log.c.actor, audit_log.c.action, audit_log.c.target,
+                      audit_log.c.result).where(audit_log.c.action.like("user.%"))
+            .order_by(audit_log.c.seq)
+        ).all()  # fmt: skip
+    assert [tuple(r) for r in rows] == [
+        ("olga", "user.add", "user:nina", "ok"),
+        ("olga", "user.add", "user:nina", "refused"),
+        ("olga", "user.role", "user:nina", "ok"),
+        ("olga", "user.disable", "user:nina", "ok"),
+        ("olga", "user.password", "user:nina", "ok"),
+        ("olga", "user.role", "user:olga", "refused"),
+        ("olga", "user.enable", "user:ghost", "refused"),
+    ]
+    assert made.group(1) not in str(rows)  # no password in the trail
