@@ -31,6 +31,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("DELETE", "/api/v1/drift/pin"): "drift.unpin",
     ("POST", "/api/v1/decisions/{decision_id}/review"): "decision.review",
     ("POST", "/ui/decisions/{decision_id}/review"): "decision.review",
+    ("POST", "/ui/decisions/confirm"): "decision.confirm_ticked",
     ("POST", "/ui/users"): "user.add",
     ("POST", "/ui/users/{username}/{action}"): "user.{action}",
 }

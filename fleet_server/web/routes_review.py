@@ -32,6 +32,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 
+from fleet_server.audit.middleware import note
 from fleet_server.auth.deps import Principal
 from fleet_server.review import (
     DEFAULT_LIMIT,
@@ -149,7 +150,8 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             groups = accuracy(engine, ACCURACY_GROUP, acc_filter)
         except ReviewError as exc:
             raise PageError(400, str(exc), user=user) from None
-        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != "confirmed"]
+        here = request.url.path + (f"?{urllib.parse.urlencode(kept)}" if kept else "")
         next_url = None
         if page.next_cursor is not None:
             next_url = "?" + urllib.parse.urlencode(
@@ -185,6 +187,8 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             "lines": sorted({ln for _, ln in pairs if ln}),
             "outcomes": OUTCOMES,
             "ranges": list(RANGES),
+            "can_review": user.can("decisions:review"),
+            "confirmed": request.query_params.get("confirmed", "")[:6],
         }
         return pages.render(request, "decisions.html", values, user=user)
 
@@ -246,6 +250,33 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             "policy": policy_text(d.payload.get("thresholds")),
         }
         return pages.render(request, "decision.html", values, user=user, status=status)
+
+    @router.post("/confirm")
+    async def confirm_picked(request: Request) -> Response:
+        """Confirm the decisions ticked in the list (``pick-<n>`` fields, each
+        ``<device>/<decision id>``) in one go; back to the list, which says how many."""
+        user, fields = await posted(request, "decisions:review")
+        picked = [v.split("/", 1) for k, v in sorted(fields.items()) if k.startswith("pick-")]
+        back = safe_next(fields.get("back", "")) if fields.get("back") else f"{PREFIX}/decisions"
+        keys = [(p[0], p[1]) for p in picked if len(p) == 2 and p[0] and p[1]]
+        if not keys:
+            raise PageError(400, "tick at least one decision to confirm", user=user)
+        note(request, confirmed=len(keys))
+
+        def confirm_all() -> int:
+            for device_id, decision_id in keys:
+                save_review(engine, decision_id, device_id=device_id, verdict="confirm",
+                            outcome=None, note="", reviewer=user.name)  # fmt: skip
+            return len(keys)
+
+        try:
+            done = await run_in_threadpool(confirm_all)
+        except (UnknownDecision, ReviewError) as exc:
+            raise PageError(400, f"not all confirmed: {exc}", user=user) from None
+        joiner = "&" if "?" in back else "?"
+        return RedirectResponse(
+            f"{back}{joiner}confirmed={done}", status_code=303, headers=SECURITY_HEADERS
+        )
 
     @router.get("/{decision_id}")
     def show(

@@ -258,3 +258,42 @@ def test_save_and_next_walks_the_filter_s_queue_and_says_what_is_left(console: C
     shown = lena.get(f"/ui/decisions/{rows[0].id}?device={FEATURED}&back=" + urllib.parse.quote(
         "/ui/decisions?station=st-queue"))  # fmt: skip
     assert 'data-testid="queue-left">nothing left to review in this filter' in shown.text
+
+
+def test_ticked_decisions_are_confirmed_in_one_go_and_the_list_keeps_its_filter(
+    console: Console,
+) -> None:
+    ts = time.time() - 40
+    rng = random.Random(13)
+    rows = [
+        DecisionRow.model_validate(
+            decision_payload(FEATURED, ts + n, n, "review", rng) | {"station": "st-bulk"}
+        )
+        for n in range(4)
+    ]
+    assert SqlSink(console.engine).store_decisions(rows) == 4
+    vic = console.client("vic")
+    assert 'data-testid="pick"' not in vic.get("/ui/decisions?station=st-bulk").text
+    lena = console.client("lena")
+    listing = lena.get("/ui/decisions?station=st-bulk&reviewed=no")
+    ticks = re.findall(r'name="(pick-\d+)" value="([^"]+)"', listing.text)
+    assert len(ticks) == 4
+    back = "/ui/decisions?station=st-bulk&reviewed=no"
+    form = dict(ticks[:3]) | {"back": back}
+    assert lena.post("/ui/decisions/confirm", form).status == 403  # no CSRF token
+    done = lena.post("/ui/decisions/confirm", form | {"csrf_token": lena.csrf()})
+    assert done.status == 303
+    assert done.headers["location"] == back + "&confirmed=3"
+    after = lena.get(done.headers["location"])
+    assert 'data-testid="confirmed">3 decisions confirmed.' in after.text
+    left = re.findall(r'name="pick-\d+" value="([^"]+)"', after.text)
+    assert left == [ticks[3][1]]  # only the one not ticked is still to review
+    confirmed = {v.split("/", 1)[1] for _, v in ticks[:3]}
+    for decision_id in confirmed:
+        page = lena.get(f"/ui/decisions/{decision_id}?device={FEATURED}")
+        assert "Current label: <strong>review</strong> (confirmed) by lena" in page.text
+    refused = vic.post("/ui/decisions/confirm", {"pick-0": ticks[3][1], "csrf_token": vic.csrf()})
+    assert refused.status == 403  # a viewer may not review
+    assert (
+        lena.post("/ui/decisions/confirm", {"back": back, "csrf_token": lena.csrf()}).status == 400
+    )
