@@ -43,7 +43,9 @@ class RolloutForm:
 
     rollout_id: str = ""
     bundle: str = ""
-    selector: str = "*"
+    selector: str = ""
+    """Blank until the operator chooses: a new form selects no device (``*`` is every
+    device, typed on purpose)."""
     waves: str = "1,10%,50%,100%"
     soak: str = "10m"
     approval: str = ""
@@ -120,9 +122,14 @@ class RolloutForm:
                 ("min_agreement", self.min_agreement, float),
             ),
         )
+        if not self.selector:
+            raise RolloutError(
+                "selector", f"choose the devices: labels like site=plant-a,line=2, or {ALL} "
+                "for every device",
+            )  # fmt: skip
         return {
             "bundle": self.bundle,
-            "selector": self.selector or ALL,
+            "selector": self.selector,
             "waves": self.waves,
             "soak_s": self.soak,
             "shadow_s": self.shadow or 0,

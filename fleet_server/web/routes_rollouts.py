@@ -107,9 +107,12 @@ def rollouts_router(console: Console) -> APIRouter:
         return console.render(request, "rollouts.html", {"rows": rows}, user=user)
 
     @router.get("/new")
-    def new_page(request: Request) -> HTMLResponse:
+    def new_page(request: Request, bundle: str = "") -> HTMLResponse:
+        """The form; ``bundle`` (name@version, from the Bundles page) comes chosen."""
         user = signed_in(request, "rollouts:write")
-        return form_page(request, user, RolloutForm(rollout_id=new_rollout_id()))
+        return form_page(
+            request, user, RolloutForm(rollout_id=new_rollout_id(), bundle=bundle[:200])
+        )
 
     @router.post("/preview")
     async def preview_post(request: Request) -> HTMLResponse:

@@ -37,15 +37,21 @@ def test_the_page_of_a_rollout_in_its_shadow_phase_shows_the_agreement_row() -> 
 
 def test_the_form_turns_shadow_and_accuracy_fields_into_the_spec() -> None:
     form = RolloutForm(
-        rollout_id="ro-0123456789ab", bundle="det@2.0.0", shadow="2h", shadow_min="300",
+        rollout_id="ro-0123456789ab", bundle="det@2.0.0", selector="*", shadow="2h",
+        shadow_min="300",
         min_agreement="0.95", min_accuracy="0.9", min_labels="50", accuracy_drop="",
     )  # fmt: skip
     spec = form.spec()
     assert (spec.shadow_s, spec.shadow_min, spec.min_agreement) == (7200, 300, 0.95)
     gates = spec.policy.gates
     assert (gates.min_accuracy, gates.min_labels, gates.accuracy_drop) == (0.9, 50, None)
-    plain = RolloutForm(rollout_id="ro-0123456789ab", bundle="det@2.0.0").spec()
+    plain = RolloutForm(rollout_id="ro-0123456789ab", bundle="det@2.0.0", selector="*").spec()
     assert (plain.shadow_s, plain.shadow_min, plain.policy.gates.min_accuracy) == (0, 500, None)
     with pytest.raises(RolloutError) as err:
-        RolloutForm(rollout_id="ro-0123456789ab", bundle="det@2.0.0", min_labels="many").spec()
+        RolloutForm(
+            rollout_id="ro-0123456789ab", bundle="det@2.0.0", selector="*", min_labels="many"
+        ).spec()
     assert err.value.field == "policy.gates.min_labels"
+    with pytest.raises(RolloutError) as blank:  # a new form selects no device
+        RolloutForm(rollout_id="ro-0123456789ab", bundle="det@2.0.0").spec()
+    assert blank.value.field == "selector"

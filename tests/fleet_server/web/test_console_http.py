@@ -216,6 +216,22 @@ def test_the_preview_lists_the_devices_the_rollout_then_assigns(console: Console
     bad = olga.post("/ui/rollouts", rollout_form(olga.csrf()) | {"waves": "50%,1"})
     assert bad.status == 400
     assert "rollout: waves:" in bad.text
+    # the preview comes first on the page, above the form it previews
+    assert shown.text.index('data-testid="preview-result"') < shown.text.index(
+        '<form class="rollout-form"'
+    )
+    # a new form selects no device until the operator chooses; blank is refused
+    new = olga.get("/ui/rollouts/new?bundle=detector%401.5.0")
+    assert Page.field(new, "selector") == ""
+    assert '<option value="detector@1.5.0" selected>' in new.text  # from Bundles' Roll out
+    blank = olga.post("/ui/rollouts", rollout_form(olga.csrf(), "ro-00000000b1a9")
+                      | {"selector": ""})  # fmt: skip
+    assert blank.status == 400
+    assert "choose the devices" in blank.text
+    assert store.load_rollout(console.engine, "ro-00000000b1a9") is None
+    bundles = olga.get("/ui/bundles")
+    assert 'href="/ui/rollouts/new?bundle=detector%401.5.0" data-testid="roll-out"' in bundles.text
+    assert "roll-out" not in console.client("vic").get("/ui/bundles").text
 
 
 def test_a_gate_left_blank_on_the_form_is_off_in_the_stored_rollout(console: Console) -> None:
