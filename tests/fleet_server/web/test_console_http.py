@@ -213,6 +213,12 @@ def test_the_preview_lists_the_devices_the_rollout_then_assigns(console: Console
     console.rollouts.service.tick()  # planned -> assigning wave 1
     directed = [topic.split("/")[2] for topic, _ in console.rollouts.sent]
     assert directed == planned[1]
+    page = olga.get("/ui/rollouts/ro-0123456789ab")
+    assert re.search(  # the roll-back button says what it undoes, on how many devices
+        r'data-confirm="Roll back 1 device that took detector release \d+ to the release each '
+        r'ran before\? The rollout ends\." data-testid="rollback-confirm"',
+        page.text,
+    ), page.text
     bad = olga.post("/ui/rollouts", rollout_form(olga.csrf()) | {"waves": "50%,1"})
     assert bad.status == 400
     assert "rollout: waves:" in bad.text
