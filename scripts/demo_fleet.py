@@ -9,12 +9,16 @@ signed model rolled out to them in waves, every step printed.
 3. two agents (cam-a, cam-b) enrolled with one-time tokens (``fleetctl devices enroll``,
    ``edge-agent enroll``), each deciding on its own looped video; rejects go to a local
    Mosquitto for the robot;
-4. ``fleetctl rollouts create --bundle text-det@4.0.1 --waves 1,100% --shadow 90s``: each
-   wave first runs the candidate in the device's shadow slot beside the live model on a
-   sampled share of the frames (never acting), and switches only when the pooled
-   agreement's Wilson lower bound reaches ``--min-agreement``; then the fleet signs the
-   switch for cam-a, which verifies, installs, health-checks and commits it, then cam-b;
-   the agreement, ``fleetctl rollouts status`` and ``fleetctl devices list`` are printed;
+4. ``fleetctl rollouts create --bundle text-det@4.0.1 --waves 1,100% --shadow 90s
+   --approval``: each wave first runs the candidate in the device's shadow slot beside
+   the live model on a sampled share of the frames (never acting), and switches only when
+   the pooled agreement's Wilson lower bound reaches ``--min-agreement``; then the fleet
+   signs the switch for cam-a, which verifies, installs, health-checks and commits it;
+   the next wave waits for an operator's approval, which raises an alert: the fleet
+   server POSTs it, signed, to a webhook receiver the demo runs on loopback (which checks
+   the signature), the demo approves (``fleetctl rollouts approve``), cam-b switches and
+   the alert resolves, POSTed again; the agreement, ``fleetctl rollouts status``,
+   ``fleetctl alerts`` and ``fleetctl devices list`` are printed;
 5. a decision of cam-a as the fleet's review API has it, with the thumbnail the agent
    uploaded (what the console's decision page shows);
 6. the decisions each agent logged, before and after its switch;
@@ -42,11 +46,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from agent.line.results import STATUS_CODES
 from hil.demo_assets import edit_manifest, prepare
 from hil.loopback import free_port, start_broker
 from hil.plc.opcua_plc import LINE_VARIABLES, OpcUaPlc, Variable
+from hil.webhooks import WebhookReceiver
 from runtime.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +108,18 @@ line = "1"  # the line it is enrolled on (--labels line=1): drift is kept for th
 """
 SHADOW_MIN = 40
 """Shadow frames a wave needs before its agreement is judged (10 fps, half sampled)."""
+WEBHOOK_SECRET_ENV = "EDGEFLEET_DEMO_WEBHOOK"  # noqa: S105 - the name of a secret
+ALERTS = """[alerts]
+interval_s = 1.0
+[alerts.delivery]
+poll_s = 0.5
+[[alerts.webhooks]]
+name = "demo"
+url = "{url}"
+secret_env = "{secret_env}"
+rules = ["rollout_awaiting_approval", "rollout_gate_stopped", "rollout_rolled_back"]
+"""
+ALERT_WAIT_S = 30.0
 
 AGENT_CONFIG = """[agent]
 device_id = "{device}"
@@ -149,6 +167,27 @@ kind = "mqtt"
 topic = "factory/{{line}}/{{source}}/{{outcome}}"
 outcomes = ["reject"]
 """
+
+
+def show_webhook(hook: WebhookReceiver, event: str, rollout_id: str) -> None:
+    """Print the receiver's ``event`` of the rollout's alert once it came (checked there:
+    the HMAC-SHA256 signature over the timestamp and the body, its age, once per id)."""
+
+    def came() -> list[Any]:
+        return [r for r in hook.received if r.event == event and r.alert.get("key") == rollout_id]
+
+    try:
+        hook.wait_for(f"the alert's {event}", lambda: bool(came()), ALERT_WAIT_S)
+    except AssertionError as exc:
+        print(f"   the webhook receiver: no {event} yet ({exc})", flush=True)
+        return
+    got = came()[0]
+    a = got.alert
+    print(
+        f"== webhook {hook.url}: alert.{event} {a['rule']} {a['key']} ({a['severity']}): "
+        f"{a['summary']}; signature verified, delivery {got.delivery_id[:12]}",
+        flush=True,
+    )
 
 
 def run(args: list[str], env: dict[str, str], **kw: object) -> str:
@@ -288,7 +327,9 @@ def main() -> int:
         "EDGEFLEET_KEY_PASSPHRASE": secrets.token_urlsafe(24),
         "EDGEFLEET_API_TOKEN": secrets.token_urlsafe(24),
         "EDGEFLEET_SERVER": f"http://127.0.0.1:{api}",
+        WEBHOOK_SECRET_ENV: secrets.token_urlsafe(24),
     }
+    hook = WebhookReceiver(env[WEBHOOK_SECRET_ENV].encode()).start()
     keys, repo = fleet / "keys", fleet / "repo"
     print("== fleet: keys, repository, text-det 4.0.1 (release 2) signed", flush=True)
     fleetctl(env, "keys", "init", "--keystore", str(keys))
@@ -302,6 +343,7 @@ def main() -> int:
         'operator_token_env = "EDGEFLEET_API_TOKEN"\n'
         f"[broker.mosquitto]\nport = {mqtt}\npersistence = false\n"
         f'[repository]\npath = "{repo}"\nkeystore = "{keys}"\n[rollouts]\ntick_s = 1.0\n'
+        + ALERTS.format(url=hook.url, secret_env=WEBHOOK_SECRET_ENV)
     )
     local = start_broker(d)
     local_port = local.port
@@ -426,6 +468,7 @@ def main() -> int:
                 "0.9",
                 "--policy",
                 str(policy),
+                "--approval",
                 "--json",
             )
         )
@@ -433,9 +476,10 @@ def main() -> int:
         print(
             f"== fleetctl rollouts create --bundle text-det@4.0.1 --select line=1 "
             f"--waves 1,100% --soak 3s --shadow 90s --shadow-min {SHADOW_MIN} "
-            f"--min-agreement 0.9  -> {rid}",
+            f"--min-agreement 0.9 --approval  -> {rid}",
             flush=True,
         )
+        approved = False
         last = None
         shown: tuple[object, object] | None = None
         for _ in range(360):
@@ -456,6 +500,12 @@ def main() -> int:
                     f"{gate['shadow_lower']:.3f}, needed 0.9)",
                     flush=True,
                 )
+            if status["phase"] == "awaiting_approval" and not approved:
+                show_webhook(hook, "firing", rid)
+                print(fleetctl(env, "alerts"), flush=True)
+                fleetctl(env, "rollouts", "approve", rid)
+                print(f"== fleetctl rollouts approve {rid}", flush=True)
+                approved = True
             if status["phase"] in (
                 "completed",
                 "completed_partial",
@@ -468,6 +518,8 @@ def main() -> int:
                     print(f"   reason: {status['reason']}", flush=True)
                 break
             time.sleep(0.5)
+        if approved:
+            show_webhook(hook, "resolved", rid)
         time.sleep(3)
         print(fleetctl(env, "devices", "list"), flush=True)
         show_review(env, AGENTS[0])
@@ -481,6 +533,7 @@ def main() -> int:
             p.wait(20)
         server.send_signal(signal.SIGTERM)
         server.wait(30)
+        hook.stop()
         local.stop()
         plc.close()
     for dev in AGENTS:

@@ -5,8 +5,9 @@ phases a rule looks at (the ``state`` index; the phase's reason and start out of
 stored state as JSON, not the whole state), the devices stuck in them, the devices
 offline (one pass over the registry's columns), the drift flags, the unreviewed
 decisions of the backlog window (``ix_decisions_outcome_ts``), the newest health of
-each device (its disk and station counts out of the JSON, in SQL) and, only for a
-station whose counts are not zero, the health report a window older
+each device (its disk figures compared in SQL, its stations' counts out of the JSON of
+the devices that run one) and, only for a station whose counts could have risen enough
+to fire, the health report a window older
 (``ix_telemetry_device_id_ts``). Sites come from the devices' ``site`` labels.
 
 Certificates and the repository's metadata are read only when asked (``slow``): they
@@ -212,15 +213,12 @@ def read_backlog(conn: Connection, rules: RulesSection, now: float) -> list[Back
 
 
 @dataclass(frozen=True)
-class HealthRow:
-    """What the disk and station rules read of a device's newest health."""
+class StationRow:
+    """A device's stations' counts from its newest health report."""
 
     device_id: str
     sites: tuple[str, ...]
     stations: Mapping[str, Mapping[str, int]]
-    free_mb: float | None
-    state_mb: float | None
-    budget_mb: float | None
 
 
 def _counts(value: Any) -> dict[str, dict[str, int]]:
@@ -240,51 +238,85 @@ def _counts(value: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def read_health(conn: Connection) -> list[HealthRow]:
-    """Each device's (not revoked) newest health: stations and disk, out of the JSON."""
+def read_station_rows(conn: Connection) -> list[StationRow]:
+    """Each device (not revoked) whose newest health report names a station, with its
+    stations' counts (the JSON filtered in SQL: most devices run no station)."""
     d = devices.c
-    h = d.health
-    query = sa.select(
-        d.device_id, _label("site"), h["stations"], h["disk_free_mb"].as_float(),
-        h["state_dir_mb"].as_float(), h["disk_budget_mb"].as_float(),
-    ).where(sa.not_(d.revoked), h.is_not(None))  # fmt: skip
+    stations = d.health["stations"]
+    text = stations.as_string()
+    query = sa.select(d.device_id, _label("site"), stations).where(
+        sa.not_(d.revoked), text.is_not(None), text != "{}"
+    )
     return [
-        HealthRow(
-            did, _sites([site]), _counts(stations), finite(free), finite(used), finite(budget)
-        )
-        for did, site, stations, free, used, budget in conn.execute(query)
+        StationRow(did, _sites([site]), _counts(value)) for did, site, value in conn.execute(query)
     ]
 
 
-def _earlier_stations(conn: Connection, device_id: str, before: float) -> dict[str, dict[str, int]]:
+def read_disks(conn: Connection, rules: RulesSection) -> list[DiskFact]:
+    """Devices (not revoked) whose newest health says their state directory is over
+    their budget or their data disk has less than the rule's ``min_free_mb`` free (the
+    comparison in SQL: a fleet of healthy disks returns no row)."""
+    d = devices.c
+    h = d.health
+    free, used, budget = (
+        h["disk_free_mb"].as_float(), h["state_dir_mb"].as_float(), h["disk_budget_mb"].as_float()
+    )  # fmt: skip
+    query = sa.select(d.device_id, _label("site"), free, used, budget).where(
+        sa.not_(d.revoked),
+        h.is_not(None),
+        sa.or_(used > budget, free < rules.disk_over_budget.min_free_mb),
+    )
+    return [
+        DiskFact(did, finite(f), finite(u), finite(b), _sites([site]))
+        for did, site, f, u, b in conn.execute(query)
+    ]
+
+
+def _earlier_query() -> sa.Select[Any]:
     t = telemetry.c
-    query = (
+    return (
         sa.select(t.payload["stations"])
-        .where(t.device_id == device_id, t.ts <= before, t.record_id.startswith(HEALTH_PREFIX))
+        .where(
+            t.device_id == sa.bindparam("device"),
+            t.ts <= sa.bindparam("before"),
+            t.record_id.startswith(HEALTH_PREFIX),
+        )
         .order_by(t.ts.desc())
         .limit(1)
     )
-    row = conn.execute(query).first()
-    return _counts(row[0]) if row is not None else {}
+
+
+_EARLIER = _earlier_query()
+"""The last health report of a device at or before a time (built once: one index seek
+each, ``ix_telemetry_device_id_ts``)."""
 
 
 def read_stations(
-    conn: Connection, health: Iterable[HealthRow], rules: RulesSection, now: float
+    conn: Connection, health: Iterable[StationRow], rules: RulesSection, now: float
 ) -> list[StationFact]:
-    """Stations whose counts are not zero, with the counts a window before now (per
-    count's own window: each station rule has one)."""
+    """Stations whose counts could have risen enough to fire (a count since the agent
+    started below a rule's ``min_count`` can't have risen by it), with the counts a
+    window before now (each station rule has its own window)."""
     windows = {
         "deadline_missed": rules.station_deadline_missed.window_minutes * MINUTE_S,
         "overruns": rules.station_overruns.window_minutes * MINUTE_S,
     }
+    least = {
+        "deadline_missed": rules.station_deadline_missed.min_count,
+        "overruns": rules.station_overruns.min_count,
+    }
     out = []
     for row in health:
-        busy = {s: c for s, c in row.stations.items() if any(c.values())}
+        busy = {
+            s: c for s, c in row.stations.items() if any(c.get(k, 0) >= n for k, n in least.items())
+        }
         if not busy:
             continue
         earlier: dict[float, dict[str, dict[str, int]]] = {}
         for window in set(windows.values()):
-            earlier[window] = _earlier_stations(conn, row.device_id, now - window)
+            found = conn.execute(_EARLIER, {"device": row.device_id, "before": now - window})
+            first = found.first()
+            earlier[window] = _counts(first[0]) if first is not None else {}
         for station, counts in sorted(busy.items()):
             then: dict[str, int] = {}
             for key, window in windows.items():
@@ -293,15 +325,6 @@ def read_stations(
                     then[key] = before[key]
             out.append(StationFact(row.device_id, station, counts, then or None, row.sites))
     return out
-
-
-def read_disks(health: Iterable[HealthRow]) -> list[DiskFact]:
-    """The disk figures of every device that reports them."""
-    return [
-        DiskFact(h.device_id, h.free_mb, h.state_mb, h.budget_mb, h.sites)
-        for h in health
-        if h.free_mb is not None or h.state_mb is not None
-    ]
 
 
 def read_device_certs(
@@ -372,13 +395,10 @@ def gather(
             found["drift"] = read_drift(conn)
         if "review_backlog" in on:
             found["backlog"] = read_backlog(conn, rules, now)
-        station_rules = {"station_deadline_missed", "station_overruns"}
-        if on & (station_rules | {"disk_over_budget"}):
-            health = read_health(conn)
-            if on & station_rules:
-                found["stations"] = read_stations(conn, health, rules, now)
-            if "disk_over_budget" in on:
-                found["disks"] = read_disks(health)
+        if on & {"station_deadline_missed", "station_overruns"}:
+            found["stations"] = read_stations(conn, read_station_rows(conn), rules, now)
+        if "disk_over_budget" in on:
+            found["disks"] = read_disks(conn, rules)
         if slow and "certificate_expiry" in on:
             certs = read_server_certs(sources.server_certs())
             if sources.issued is not None:
@@ -389,4 +409,4 @@ def gather(
     return Facts(**found)
 
 
-__all__ = ["CertCache", "HealthRow", "Sources", "gather"]
+__all__ = ["CertCache", "Sources", "StationRow", "gather"]

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agent.kernel.errors import EdgefleetError
+from fleet_server.api.alerts import alerts_router
 from fleet_server.api.audit import audit_router
 from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
 from fleet_server.api.cluster import cluster_router
@@ -185,5 +186,6 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(events_router(ctx), responses=unauthorized)
     app.include_router(cluster_router(ctx), responses=unauthorized)
     app.include_router(audit_router(ctx), responses=unauthorized)
+    app.include_router(alerts_router(ctx), responses=unauthorized)
     install_console(app, ctx)
     return app

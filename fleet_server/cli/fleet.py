@@ -12,6 +12,7 @@ import argparse
 import http.client
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -138,8 +139,14 @@ def _expiry(ts: float) -> str:
     return f"token expires {timefmt.iso(ts)} (in {_span(left)})"
 
 
-def _bundle(name: str | None, release: int | None) -> str:
-    return "-" if name is None else f"{name}@{release}"
+def _bundle(d: dict[str, Any], slot: str) -> str:
+    """A device's bundle in a slot as people name it: ``detector 1.4.0 (release 3)``;
+    the release alone when the device did not report the version."""
+    name, release = d.get(f"{slot}_bundle"), d.get(f"{slot}_release")
+    if name is None:
+        return "-"
+    version = d.get(f"{slot}_version")
+    return f"{name} {version} (release {release})" if version else f"{name} release {release}"
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -158,6 +165,16 @@ def _selector(text: str) -> dict[str, str]:
         return parse_selector(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 def _seconds(text: str) -> int:
@@ -210,8 +227,8 @@ def _device_lines(d: dict[str, Any]) -> list[str]:
         f"agent     {d['agent_version'] or '-'}",
         f"profile   {d['profile'] or '-'}",
         f"labels    {_labels(d['labels'])}",
-        f"active    {_bundle(d['active_bundle'], d['active_release'])}",
-        f"previous  {_bundle(d['previous_bundle'], d['previous_release'])}",
+        f"active    {_bundle(d, 'active')}",
+        f"previous  {_bundle(d, 'previous')}",
         f"enrolled  {_when(d['enrolled_at'])}  certificate {d['cert_serial'] or '-'}",
     ]
     if health:
@@ -232,10 +249,10 @@ def _flag(d: dict[str, Any]) -> str:
 def cmd_devices_list(args: argparse.Namespace) -> int:
     query = {"selector": _labels(args.select)} if args.select else None
     devices = client(args).call("GET", "/devices", query=query)
-    lines = [f"{'DEVICE':<24} {'ONLINE':<6} {'LAST SEEN':<34} {'AGENT':<10} {'BUNDLE':<24} LABELS"]
+    lines = [f"{'DEVICE':<24} {'ONLINE':<6} {'LAST SEEN':<34} {'AGENT':<10} {'BUNDLE':<32} LABELS"]
     lines += [
         f"{d['device_id']:<24} {'yes' if d['online'] else 'no':<6} {_seen(d):<34} "
-        f"{d['agent_version'] or '-':<10} {_bundle(d['active_bundle'], d['active_release']):<24} "
+        f"{d['agent_version'] or '-':<10} {_bundle(d, 'active'):<32} "
         f"{_labels(d['labels'])}{_flag(d)}"
         for d in devices
     ]
@@ -345,11 +362,21 @@ def _rollout_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+TERMINAL_PHASES = frozenset({"completed", "completed_partial", "cancelled", "rolled_back"})
+"""Phases a rollout does not leave on its own (``--watch`` stops there)."""
+
+
 def cmd_rollouts_status(args: argparse.Namespace) -> int:
     api = client(args)
     if args.rollout:
-        r = api.call("GET", f"/rollouts/{_q(args.rollout)}")
-        return _emit(args, r, _rollout_lines(r))
+        while True:
+            r = api.call("GET", f"/rollouts/{_q(args.rollout)}")
+            _emit(args, r, _rollout_lines(r))
+            if not args.watch or r["phase"] in TERMINAL_PHASES:
+                return 0
+            sys.stdout.flush()
+            time.sleep(args.watch)
+            print()
     rollouts = api.call("GET", "/rollouts")
     lines = [f"{'ROLLOUT':<28} {'BUNDLE':<28} {'PHASE':<18} {'WAVE':<6} DONE"]
     lines += [
@@ -457,12 +484,14 @@ def add_fleet_commands(commands: Any) -> None:
     rollouts = _group(
         commands,
         "rollouts",
-        "staged rollouts: create, status, pause, resume, approve, cancel, rollback, resolve",
+        "staged rollouts: create, list, status, pause, resume, approve, cancel, rollback, "
+        "resolve",
         "examples:\n  fleetctl rollouts create --bundle detector@1.4.0 "
         "--select 'line=3,profile=jetson-orin' --waves 1,10%,50%,100% --soak 10m\n"
         "  fleetctl rollouts create --bundle detector@1.4.0 --select line=3 --shadow 2h "
         "--shadow-min 500 --min-agreement 0.97 --min-accuracy 0.9 --min-labels 100\n"
-        "  fleetctl rollouts status\n  fleetctl rollouts pause ID --reason 'line stop'\n"
+        "  fleetctl rollouts list\n  fleetctl rollouts status ID --watch 5\n"
+        "  fleetctl rollouts pause ID --reason 'line stop'\n"
         "  fleetctl rollouts resolve ID cam-07 --assign 3 --reason 'known good'",
     )
     create = rollouts.add_parser("create", parents=[common], help="start a rollout")
@@ -483,7 +512,16 @@ def add_fleet_commands(commands: Any) -> None:
     create.set_defaults(func=cmd_rollouts_create)
     status = rollouts.add_parser("status", parents=[common], help="all rollouts, or one")
     status.add_argument("rollout", nargs="?", help="rollout id")
+    status.add_argument(
+        "--watch",
+        type=_positive,
+        metavar="SECONDS",
+        help="print the rollout again every SECONDS until it ends (completed, cancelled, "
+        "rolled back); Ctrl-C stops",
+    )
     status.set_defaults(func=cmd_rollouts_status)
+    listing = rollouts.add_parser("list", parents=[common], help="every rollout, a line each")
+    listing.set_defaults(func=cmd_rollouts_status, rollout=None, watch=None)
     for action in ACTIONS:
         p = rollouts.add_parser(action, parents=[common], help=f"{action} a rollout")
         p.add_argument("rollout", help="rollout id")

@@ -19,6 +19,7 @@ import sys
 from agent.kernel.cliversion import add_version
 from agent.kernel.errors import EdgefleetError
 from fleet_server.cli import logs
+from fleet_server.cli.alerts import add_alerts
 from fleet_server.cli.audit import add_audit
 from fleet_server.cli.bundle import add_bundle
 from fleet_server.cli.drift import add_drift
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_drift(commands)
     add_users_commands(commands)
     add_audit(commands)
+    add_alerts(commands)
     return parser
 
 

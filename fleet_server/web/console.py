@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleet_server.auth.deps import Principal
 from fleet_server.web.pages import PREFIX, Console, PageError, Pages, signed_in
+from fleet_server.web.routes_alerts import alerts_router
 from fleet_server.web.routes_audit import audit_router
 from fleet_server.web.routes_drift import drift_router
 from fleet_server.web.routes_fleet import fleet_router
@@ -99,6 +100,7 @@ def install_console(app: FastAPI, ctx: ServerContext) -> None:
         fleet_router(console),
         rollouts_router(console),
         drift_router(console),
+        alerts_router(console),
         audit_router(console),
         users_router(console),
         review_router(console, ctx.engine),

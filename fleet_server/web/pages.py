@@ -160,6 +160,11 @@ class Pages:
         self.review = review
         """Whether the decision review pages are served (linked from the menu)."""
 
+    def alert_badge(self) -> tuple[int, str]:
+        """(alerts firing, the worst severity) for the menu's badge: none here (the review
+        bench); :class:`Console` reads the alerts service's counts."""
+        return 0, ""
+
     def asset(self, name: str) -> str:
         """The URL of a static file, with its content hash (cached for a year)."""
         return f"{PREFIX}/static/{name}?v={self.static[name][2]}"
@@ -180,6 +185,7 @@ class Pages:
             csrf_token=user.session.csrf_token if user and user.session else "",
             can_write=bool(user and user.can("rollouts:write")),
             review=self.review,
+            alert_badge=self.alert_badge(),
             path=request.url.path,
             now=time.time(),
             tz=time.strftime("%Z"),
@@ -210,6 +216,12 @@ class Console(Pages):
         super().__init__(review=review)
         self.ctx = ctx
         self.catalog = Catalog(ctx.repository)
+
+    def alert_badge(self) -> tuple[int, str]:
+        """The alerts firing now and the worst severity, as the alerts service last
+        counted them (no query; (0, "") without the service)."""
+        board = self.ctx.alerts
+        return (0, "") if board is None else board.badge()
 
     @classmethod
     def build(cls, ctx: ServerContext, *, review: bool = True) -> Console:

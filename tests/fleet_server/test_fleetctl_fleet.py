@@ -19,6 +19,7 @@ from fleet_server import timefmt
 from fleet_server.ca import make_device_key_and_csr
 from fleet_server.db import store
 from fleet_server.db.store import Record
+from fleet_server.db.tables import devices
 from fleet_server.serve import FleetServer
 from tests.fleet_server.fleet_api_support import (
     OPERATOR_TOKEN,
@@ -178,7 +179,13 @@ def test_telemetry_and_revoke_show_what_the_server_knows(api: RunningApi) -> Non
     text = ok(api, "telemetry", "cam-6")
     assert "agent 1.4.2" in text
     assert "heartbeats (3, newest first):" in text
-    assert "active    tiny@1" in ok(api, "devices", "show", "cam-6")
+    assert "active    tiny release 1" in ok(api, "devices", "show", "cam-6")  # no version told
+    with engine.begin() as conn:  # as a state report with the version stores it
+        conn.execute(devices.update().where(devices.c.device_id == "cam-6").values(
+            active_version="1.0.0"))  # fmt: skip
+    assert "active    tiny 1.0.0 (release 1)" in ok(api, "devices", "show", "cam-6")
+    listed = next(ln for ln in ok(api, "devices", "list").splitlines() if ln.startswith("cam-6"))
+    assert "tiny 1.0.0 (release 1)" in listed
     revoked = ok(api, "devices", "revoke", "cam-6")
     assert revoked.startswith("revoked cam-6:")
     assert json.loads(ok(api, "devices", "show", "cam-6", "--json"))["revoked"] is True
@@ -216,6 +223,13 @@ def test_rollouts_create_status_pause_and_a_refused_approve(api: RunningApi) -> 
     assert ok(api, "rollouts", "resume", rid).strip().endswith("is assigning")
     bad = fails(api, "rollouts", "create", "--bundle", "tiny", "--select", "line=3")
     assert "400" in bad
+    listed = ok(api, "rollouts", "list")
+    assert listed.splitlines()[0].split() == ["ROLLOUT", "BUNDLE", "PHASE", "WAVE", "DONE"]
+    assert any(line.startswith(rid) for line in listed.splitlines())
+    assert ok(api, "rollouts", "cancel", rid).strip().endswith("is cancelled")
+    watched = ok(api, "rollouts", "status", rid, "--watch", "0.2")  # ended: printed once
+    assert watched.count(f"rollout   {rid}") == 1
+    assert "phase     cancelled" in watched
 
 
 def test_errors_are_one_line_and_exit_2(api: RunningApi, tmp_path: Path) -> None:
