@@ -23,6 +23,8 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
 - ``line`` (:mod:`~hil.bench.line`, its PLCs in :mod:`~hil.bench.line_plcs`): a station
   triggered by a simulated OPC UA or Modbus PLC; trigger -> result as the PLC sees it
   against the bare model, deadlines, overruns and the agent's CPU per decision.
+- ``alerts`` (:mod:`~hil.bench.alerts`): one evaluation of the fleet server's alert rules
+  at 1,000 and 10,000 devices, SQLite and PostgreSQL: CPU and wall time.
 
 The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
 """
@@ -35,6 +37,7 @@ BENCHES = {
     "restart": "hil.bench.restart",
     "retention": "hil.bench.retention",
     "decode": "hil.bench.decode",
+    "alerts": "hil.bench.alerts",
     "line": "hil.bench.line",
 }
 """``hil bench`` name -> the module whose ``main(argv)`` runs it."""
