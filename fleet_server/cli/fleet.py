@@ -232,8 +232,48 @@ def _device_lines(d: dict[str, Any]) -> list[str]:
         f"enrolled  {_when(d['enrolled_at'])}  certificate {d['cert_serial'] or '-'}",
     ]
     if health:
-        lines.append("health    " + json.dumps(health, sort_keys=True))
+        lines += _health_lines(health)
     return lines
+
+
+def _number(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def _health_lines(h: dict[str, Any]) -> list[str]:
+    """A device's latest health report as lines people read (the report's JSON is in
+    ``--json``)."""
+    out = [f"health    reported {_when(h.get('ts'))}"]
+    per = (("fps", "fps", "{}"), ("queue_depth", "queue", "{}"), ("drops", "drops", "{}"),
+           ("temperature_c", "temp", "{} °C"))  # fmt: skip
+    for key, title, unit in per:
+        items = h.get(key) or {}
+        if items:
+            shown = ", ".join(f"{k} {unit.format(_number(v))}" for k, v in sorted(items.items()))
+            out.append(f"  {title:<8}{shown}")
+    for model, p in sorted((h.get("latency_ms") or {}).items()):
+        if isinstance(p, dict):
+            out.append(
+                f"  {'latency':<8}{model}: p50 {_number(p.get('p50'))} / p95 "
+                f"{_number(p.get('p95'))} / p99 {_number(p.get('p99'))} ms "
+                f"({p.get('count', 0)} inferences)"
+            )
+    machine = []
+    if h.get("cpu_percent") is not None:
+        machine.append(f"CPU {_number(h['cpu_percent'])} %")
+    if h.get("memory_mb") is not None:
+        machine.append(f"memory {_number(h['memory_mb'])} MB")
+    if h.get("disk_free_mb") is not None:
+        machine.append(f"disk free {_number(h['disk_free_mb'])} MB")
+    if machine:
+        out.append(f"  {'device':<8}" + ", ".join(machine))
+    for name, c in sorted((h.get("stations") or {}).items()):
+        if isinstance(c, dict):
+            out.append(
+                f"  {'station':<8}{name}: {c.get('triggers', 0)} triggers, "
+                f"{c.get('deadline_missed', 0)} deadlines missed, {c.get('overruns', 0)} overruns"
+            )
+    return out
 
 
 def _seen(d: dict[str, Any]) -> str:
@@ -484,8 +524,7 @@ def add_fleet_commands(commands: Any) -> None:
     rollouts = _group(
         commands,
         "rollouts",
-        "staged rollouts: create, list, status, pause, resume, approve, cancel, rollback, "
-        "resolve",
+        "staged rollouts: create, list, status, pause, resume, approve, cancel, rollback, resolve",
         "examples:\n  fleetctl rollouts create --bundle detector@1.4.0 "
         "--select 'line=3,profile=jetson-orin' --waves 1,10%,50%,100% --soak 10m\n"
         "  fleetctl rollouts create --bundle detector@1.4.0 --select line=3 --shadow 2h "

@@ -186,6 +186,18 @@ def test_telemetry_and_revoke_show_what_the_server_knows(api: RunningApi) -> Non
     assert "active    tiny 1.0.0 (release 1)" in ok(api, "devices", "show", "cam-6")
     listed = next(ln for ln in ok(api, "devices", "list").splitlines() if ln.startswith("cam-6"))
     assert "tiny 1.0.0 (release 1)" in listed
+    health = {"ts": 1002.0, "fps": {"cam0": 9.96}, "latency_ms": {"detector": {
+        "p50": 12.34, "p95": 20.0, "p99": 31.5, "count": 600}}, "cpu_percent": 41.25,
+        "drops": {"queue_full": 3}, "stations": {"st-1": {"triggers": 90, "deadline_missed": 2,
+        "overruns": 1}}}  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(devices.update().where(devices.c.device_id == "cam-6").values(health=health))
+    shown = ok(api, "devices", "show", "cam-6")
+    assert "  fps     cam0 10.0" in shown
+    assert "  latency detector: p50 12.3 / p95 20.0 / p99 31.5 ms (600 inferences)" in shown
+    assert "  station st-1: 90 triggers, 2 deadlines missed, 1 overruns" in shown
+    assert "  device  CPU 41.2 %" in shown
+    assert "{" not in shown  # read as lines, not a JSON blob
     revoked = ok(api, "devices", "revoke", "cam-6")
     assert revoked.startswith("revoked cam-6:")
     assert json.loads(ok(api, "devices", "show", "cam-6", "--json"))["revoked"] is True
