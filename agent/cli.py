@@ -332,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--part-id", help="the part id the PLC passed (every decision on a part)")
     dec.add_argument("--limit", type=int, default=50)
     dec.add_argument("--format", choices=["table", "csv", "jsonl"], default="table")
+    dec.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="jsonl",
+        help="same as --format jsonl (one JSON object a line), as fleetctl's --json",
+    )
     dec.set_defaults(func=cmd_decisions)
 
     bench = sub.add_parser(
