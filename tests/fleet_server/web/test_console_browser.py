@@ -391,3 +391,36 @@ def test_every_page_fits_a_phone_without_scrolling_sideways(
             shot(page, "phone" + path.replace("/", "-").rstrip("-"))
     finally:
         context.close()
+
+
+def test_a_line_manager_reviews_by_keyboard_and_lands_in_the_same_filter(
+    fleet: RunningConsole, page: Page
+) -> None:
+    """c confirms and opens the next of the filter; o and Enter override; b goes back to
+    the same filtered list."""
+    query = f"device={FEATURED}&outcome=review&reviewed=no"
+    sign_in(page, fleet, "lena", f"/ui/decisions?{query}")
+    page.get_by_test_id("decision-row").first.locator("a").first.click()
+    left = page.get_by_test_id("queue-left")
+    first = int(left.inner_text().split()[0])
+    assert first >= 4
+    seen = [page.url.split("/ui/decisions/")[1].split("?")[0]]
+    for n in range(1, 4):
+        page.keyboard.press("c")  # confirm, and on to the next of the filter
+        expect(left).to_have_text(re.compile(rf"^{first - n} left"))
+        expect(page.get_by_test_id("done")).to_have_text("Review saved.")
+        seen.append(page.url.split("/ui/decisions/")[1].split("?")[0])
+    assert len(set(seen)) == 4
+    page.keyboard.press("o")
+    page.select_option("select[name=outcome]", "pass")  # focused by o
+    page.keyboard.press("Enter")
+    expect(left).to_have_text(re.compile(rf"^{first - 4} left"))
+    page.keyboard.press("b")
+    expect(page).to_have_url(re.compile(r"/ui/decisions\?"))
+    assert "outcome=review" in page.url
+    assert "reviewed=no" in page.url
+    shown = {
+        a.get_attribute("href").split("/ui/decisions/")[1].split("?")[0]  # type: ignore[union-attr]
+        for a in page.get_by_test_id("decision-row").locator("td:nth-child(3) a").all()
+    }
+    assert not shown & set(seen)  # the reviewed ones left this filter
