@@ -131,6 +131,34 @@ def _aria(label: str, boxes: Sequence[Box], where: str) -> str:
     )
 
 
+LABEL_CHAR_W = 0.62
+"""A label character's width in font sizes (what placing labels apart assumes)."""
+
+
+def label_y(
+    placed: list[tuple[float, float, float, float]],
+    x: float,
+    y: float,
+    width: float,
+    font: float,
+    height: float,
+) -> float:
+    """The baseline of a label at ``x`` (wanted at ``y``) moved down, a line at a time,
+    until it overlaps none of the labels ``placed`` so far (boxes at one place would print
+    their labels over each other); the label's box is added to ``placed``."""
+    top = y - font
+    for _ in range(len(placed) + 1):
+        if not any(
+            x < px + pw and px < x + width and top < py + ph and py < top + font
+            for px, py, pw, ph in placed
+        ):
+            break
+        top += font + 2
+    top = min(top, max(0.0, height - font))
+    placed.append((x, top, width, font))
+    return top + font
+
+
 def _svg(
     boxes: Sequence[Box], shown: tuple[int, int], aria: str, *, over: bool, empty_text: str
 ) -> str:
@@ -147,6 +175,7 @@ def _svg(
     ]
     if not over:
         parts.append(f'<rect class="frame-bg" x="0" y="0" width="{w}" height="{h}"/>')
+    placed: list[tuple[float, float, float, float]] = []
     for i, b in enumerate(boxes):
         kind = f"box c{i % 8}" + (" crop" if b.crop else "")
         parts.append(
@@ -156,6 +185,7 @@ def _svg(
         if text:
             words = (b.label or "box") + (f" {b.score:.2f}" if b.score is not None else "")
             y = b.y1 - stroke * 2 if b.y1 > font * 1.5 else b.y2 + font
+            y = label_y(placed, b.x1, y, len(words) * font * LABEL_CHAR_W, font, h)
             parts.append(
                 f'<text class="box-label" x="{b.x1:.1f}" y="{y:.1f}" font-size="{font}">'
                 f"{escape(words)}</text>"

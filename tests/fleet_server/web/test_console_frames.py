@@ -115,3 +115,18 @@ def test_a_label_or_url_is_escaped() -> None:
     svg = draw(boxes, image=Picture('/x"><script>', 32, 24), frame=(32, 24))
     assert "<script>" not in svg
     assert "&lt;script&gt;" in svg
+
+
+def _label_ys(boxes: list[Box]) -> list[float]:
+    svg = str(draw(boxes, image=Picture("/x.jpg", 640, 480), frame=(640, 480), within=(640, 480)))
+    return [float(y) for y in re.findall(r'class="box-label" x="[\d.]+" y="([\d.]+)"', svg)]
+
+
+def test_labels_of_boxes_at_one_place_do_not_print_over_each_other() -> None:
+    same = [Box(100, 100, 300, 200, "scratch", 0.91), Box(101, 100, 299, 201, "dent", 0.62),
+            Box(100, 101, 300, 200, "chip", 0.55)]  # fmt: skip
+    ys = _label_ys(same)
+    assert len(ys) == 3
+    assert all(abs(a - b) >= 12 for i, a in enumerate(ys) for b in ys[i + 1 :]), ys
+    apart = _label_ys([Box(10, 100, 60, 150, "a", 0.9), Box(400, 100, 460, 150, "b", 0.9)])
+    assert apart[0] == apart[1]  # side by side: each at its own box
