@@ -67,6 +67,12 @@ COUNTERS = (
 )
 
 
+START_TIMEOUT_S = 30.0
+"""How long the server may take to load the node set and listen: about half a second
+here, but the import is CPU-bound Python and a device busy starting its pipelines (or a
+loaded test machine) can take many times that."""
+
+
 class VisionServer:
     """The OPC UA server of one agent's stations.
 
@@ -179,7 +185,7 @@ class VisionServer:
 
     # -- start and stop ------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Load the node set, build the VisionSystems and listen.
 
         Raises:

