@@ -169,12 +169,16 @@ outcomes = ["reject"]
 """
 
 
-def show_webhook(hook: WebhookReceiver, event: str, rollout_id: str) -> None:
-    """Print the receiver's ``event`` of the rollout's alert once it came (checked there:
-    the HMAC-SHA256 signature over the timestamp and the body, its age, once per id)."""
+def show_webhook(hook: WebhookReceiver, event: str, rule: str, rollout_id: str) -> None:
+    """Print the receiver's ``event`` of the rollout's ``rule`` alert once it came (checked
+    there: the HMAC-SHA256 signature over the timestamp and the body, its age, once per id)."""
 
     def came() -> list[Any]:
-        return [r for r in hook.received if r.event == event and r.alert.get("key") == rollout_id]
+        return [
+            r
+            for r in hook.received
+            if r.event == event and r.alert.get("rule") == rule and r.alert.get("key") == rollout_id
+        ]
 
     try:
         hook.wait_for(f"the alert's {event}", lambda: bool(came()), ALERT_WAIT_S)
@@ -501,7 +505,7 @@ def main() -> int:
                     flush=True,
                 )
             if status["phase"] == "awaiting_approval" and not approved:
-                show_webhook(hook, "firing", rid)
+                show_webhook(hook, "firing", "rollout_awaiting_approval", rid)
                 print(fleetctl(env, "alerts"), flush=True)
                 fleetctl(env, "rollouts", "approve", rid)
                 print(f"== fleetctl rollouts approve {rid}", flush=True)
@@ -519,7 +523,9 @@ def main() -> int:
                 break
             time.sleep(0.5)
         if approved:
-            show_webhook(hook, "resolved", rid)
+            show_webhook(hook, "resolved", "rollout_awaiting_approval", rid)
+        if str(status.get("reason", "")).startswith("gate failed"):
+            show_webhook(hook, "firing", "rollout_gate_stopped", rid)  # a gate stopped it
         time.sleep(3)
         print(fleetctl(env, "devices", "list"), flush=True)
         show_review(env, AGENTS[0])

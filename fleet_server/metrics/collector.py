@@ -46,6 +46,10 @@ FILES_PREFIX = "files"
 ROLLOUTS_PROBE = "rollouts"
 DRIFT_PROBE = "drift"
 RETENTION_PROBE = "retention"
+ALERTS_PROBE = "alerts"
+ALERT_DELIVERY_RESULTS = (("sent", "delivered"), ("failed", "delivery_failed_tries"),
+                          ("dead", "dead_letters"))  # fmt: skip
+"""``result`` label of the alert deliveries counter, and the probe detail key it reads."""
 RATE_WINDOW_S = 60.0
 """The ingest rate gauge is the rate over the scrapes of the last this many seconds."""
 RATE_MIN_SPAN_S = 1.0
@@ -139,6 +143,7 @@ class FleetCollector:
         self._ingest(out, parts)
         self._jobs(out, parts)
         self._retention(out, parts.get(RETENTION_PROBE))
+        self._alerts(out, parts.get(ALERTS_PROBE))
         self._leader(out)
         self._database(out)
         errors = out.counter(
@@ -304,6 +309,38 @@ class FleetCollector:
                     deleted.add_metric([str(table)], n)
                 else:
                     self._failed("retention", TypeError(f"deleted[{table!r}] = {rows!r}"))
+
+    def _alerts(self, out: _Families, part: PartHealth | None) -> None:
+        firing = out.gauge(
+            "alerts_firing",
+            "Alerts firing now, by severity (counted every [alerts] interval_s on every replica).",
+            ["severity"],
+        )
+        runs = out.counter("alert_evaluations", "Evaluations of the alert rules this replica ran.")
+        failures = out.counter("alert_evaluation_failures", "Evaluations that failed.")
+        deliveries = out.counter(
+            "alert_deliveries",
+            "Webhook tries this replica made, by result: sent (a 2xx), failed (to be tried "
+            "again or given up), dead (given up: a dead letter).",
+            ["result"],
+        )
+        if part is None:
+            return
+        d = part.detail
+        counts = d.get("firing_by_severity")
+        if isinstance(counts, Mapping):
+            for severity in sorted(counts):
+                n = _num(counts, severity)
+                if n is not None:
+                    firing.add_metric([str(severity)], n)
+        for family, key in ((runs, "evaluations"), (failures, "evaluation_failures")):
+            value = _num(d, key)
+            if value is not None:
+                family.add_metric([], value)
+        for result, key in ALERT_DELIVERY_RESULTS:
+            value = _num(d, key)
+            if value is not None:
+                deliveries.add_metric([result], value)
 
     def _leader(self, out: _Families) -> None:
         leader = out.gauge(

@@ -1,7 +1,8 @@
 """The alerts as an operator sees them, on a fleet server in this process with its
 alerts service: the API (firing, resolved, one alert with its deliveries, the dead
 letters; read for a viewer, refused without a credential), ``fleetctl alerts`` as a
-process, and the console's alerts page and the badge in its menu (a viewer signed in)."""
+process, the console's alerts page and the badge in its menu (a viewer signed in), and
+the alert families of ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from fleet_server.db import sqlite_url, store
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.serve import FleetServer
 from hil.loopback import free_port
+from tests.fleet_server.cluster.cluster_support import wait_for
 from tests.fleet_server.fleet_api_support import (
     OPERATOR_TOKEN,
     PASSPHRASE,
@@ -31,6 +33,7 @@ from tests.fleet_server.fleet_api_support import (
     http,
     make_repository,
 )
+from tests.fleet_server.metrics.fleet_metrics_support import scrape
 from tests.fleet_server.web.console_http_support import HASHER, Client
 from tests.fleet_server.web.console_server import PASSWORD
 
@@ -69,12 +72,6 @@ def server(
     srv.stop()
 
 
-def _wait(what: str, predicate: object, timeout_s: float = 30.0) -> None:
-    from tests.fleet_server.cluster.cluster_support import wait_for  # noqa: PLC0415
-
-    wait_for(what, predicate, timeout_s)
-
-
 def _offline(srv: FleetServer, device_id: str, site: str) -> None:
     db = srv.context.engine
     sink = SqlSink(db)
@@ -101,7 +98,7 @@ def test_the_api_fleetctl_and_the_console_show_the_alerts_and_the_dead_letters(
     def dead() -> int:
         return int(health.check()[PROBE].detail["dead_letters"])
 
-    _wait("two dead letters (the webhook is down)", lambda: dead() == 2)
+    wait_for("two dead letters (the webhook is down)", lambda: dead() == 2)
     url = server.url
     page = http("GET", f"{url}/api/v1/alerts?site=plant-a", token=OPERATOR_TOKEN)
     assert page.status == 200
@@ -119,9 +116,16 @@ def test_the_api_fleetctl_and_the_console_show_the_alerts_and_the_dead_letters(
     assert bad.status == 400
     assert "rule" in bad.body["detail"]
     assert http("GET", f"{url}/api/v1/alerts").status == 401
-    assert http("GET", f"{url}/api/v1/alerts?state=resolved", token=OPERATOR_TOKEN).body[
-        "alerts"
-    ] == []
+    assert (
+        http("GET", f"{url}/api/v1/alerts?state=resolved", token=OPERATOR_TOKEN).body["alerts"]
+        == []
+    )
+
+    metrics = scrape(url)
+    assert metrics.value("edgefleet_fleet_alerts_firing", severity="warning") is not None
+    assert metrics.value("edgefleet_fleet_alert_deliveries_total", result="dead") == 2
+    assert metrics.value("edgefleet_fleet_alert_deliveries_total", result="sent") == 0
+    assert (metrics.value("edgefleet_fleet_alert_evaluations_total") or 0) >= 1
 
     listed = _fleetctl(server, "alerts")
     assert listed.returncode == 0, listed.stderr
@@ -143,7 +147,7 @@ def test_the_api_fleetctl_and_the_console_show_the_alerts_and_the_dead_letters(
     assert viewer.login("vic").status == 303
     overview = viewer.get("/ui/")
     assert 'data-testid="alert-badge"' in overview.text
-    assert '>2</span>' in overview.text.split('data-testid="alert-badge"', 1)[1][:200]
+    assert ">2</span>" in overview.text.split('data-testid="alert-badge"', 1)[1][:200]
     alerts = viewer.get("/ui/alerts")
     assert alerts.status == 200
     assert alerts.text.count('data-testid="alert-row"') == 2
@@ -158,7 +162,7 @@ def test_the_api_fleetctl_and_the_console_show_the_alerts_and_the_dead_letters(
     )
     board = server.context.alerts
     assert board is not None
-    _wait("the badge at 1", lambda: board.badge() == (1, "warning"))
+    wait_for("the badge at 1", lambda: board.badge() == (1, "warning"))
     resolved = viewer.get("/ui/alerts?state=resolved")
     assert resolved.text.count('data-testid="alert-row"') == 1
     assert 'data-key="cam-7"' in resolved.text
