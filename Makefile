@@ -53,19 +53,22 @@ RTSP_CHECK := /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer"
 # aravis-tools-cli (arv-tool-0.8).
 # The shipped Prometheus alerting rules (packaging/prometheus/) are checked with promtool and
 # fired by Debian's prometheus and prometheus-alertmanager, which the test starts itself.
+# systemd-journal-remote writes the journal files the remote logs tests read with the real
+# journalctl (an agent under systemd reads the journal of its unit).
 SYSDEPS_BIN := mosquitto mosquitto_pub mosquitto_sub ffmpeg sqlite3 ip tc nft faketime curl \
 	chromium cc systemd-analyze gst-launch-1.0 node npm mbpoll arv-fake-gv-camera-0.8 arv-tool-0.8 \
 	prometheus promtool prometheus-alertmanager
 SYSDEPS_PKG := mosquitto mosquitto-clients ffmpeg sqlite3 postgresql iproute2 nftables \
 	faketime curl chromium fonts-dejavu-core gcc libc6-dev linux-libc-dev systemd \
 	nodejs npm mbpoll libaravis-0.8-0 aravis-tools aravis-tools-cli $(RTSP_PKG) \
-	prometheus prometheus-alertmanager
+	prometheus prometheus-alertmanager systemd-journal-remote
 
 sysdeps:
 	@missing=""; for b in $(SYSDEPS_BIN); do \
 	  command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing initdb"; \
 	$(RTSP_CHECK) || missing="$$missing gst-rtsp-server"; \
+	[ -x /lib/systemd/systemd-journal-remote ] || missing="$$missing systemd-journal-remote"; \
 	[ -f /usr/include/linux/videodev2.h ] || missing="$$missing videodev2.h"; \
 	if [ -n "$$missing" ]; then \
 	  echo "missing:$$missing -- installing $(SYSDEPS_PKG)"; \

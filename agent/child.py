@@ -34,6 +34,7 @@ from agent.echo import echo_decision
 from agent.kernel import secrets
 from agent.kernel.errors import EdgefleetError
 from agent.kernel.signals import SignalRelay
+from agent.remote import logfile
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def run_hotpath(config: AgentConfig, socket_path: Path, *, echo: bool) -> int:
     return 0
 
 
-def run_companion(config: AgentConfig, socket_path: Path) -> int:
+def run_companion(config: AgentConfig, socket_path: Path, config_path: Path | None = None) -> int:
     from agent.companion import Companion  # noqa: PLC0415
     from agent.control.client import ControlClient  # noqa: PLC0415
     from agent.control.link import HotPathLink  # noqa: PLC0415
@@ -160,7 +161,14 @@ def run_companion(config: AgentConfig, socket_path: Path) -> int:
             config=config.bundles.installer,
             measure=link.trial,
         )
-    companion = Companion(config, link, installer=installer, split=True).start()
+    companion = Companion(
+        config,
+        link,
+        installer=installer,
+        split=True,
+        config_path=config_path,
+        supervisor_pid=os.getppid(),  # a remote restart or reload asks it
+    ).start()
     for p in companion.problems:
         print(f"edge-agent: not started: {p.part}: {p.reason}", file=sys.stderr, flush=True)
     try:
@@ -227,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         level=config.agent.log_level.upper(),
         format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s",
     )
+    logfile.install(config.logs, config.agent.state_dir, args.role)
     default_socket = config.agent.state_dir / "run" / "control.sock"
     socket_path = Path(os.environ.get(ENV_SOCKET) or default_socket)
     applied = schedule(args.role, config)
     log.info("%s: pid %d, %s", args.role, os.getpid(), applied or "default scheduling")
     runner: dict[str, Any] = {
         "hotpath": lambda: run_hotpath(config, socket_path, echo=args.echo),
-        "companion": lambda: run_companion(config, socket_path),
+        "companion": lambda: run_companion(config, socket_path, Path(args.config).resolve()),
     }
     try:
         return int(runner[args.role]())

@@ -69,8 +69,11 @@ def _reported_errors() -> tuple[type[Exception], ...]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from agent.remote import logfile  # noqa: PLC0415 - commands stay light
+
     cfg = _config(args)
     logging.getLogger().setLevel(cfg.agent.log_level.upper())
+    logfile.install(cfg.logs, cfg.agent.state_dir, "agent" if args.single_process else "supervisor")
     # No process started from here on inherits a secret in its environment.
     secrets.hold_from_environment(secrets.secret_names(cfg))
     if not args.single_process:

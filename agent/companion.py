@@ -12,6 +12,7 @@ path that was restarted (a ``crash`` event, once per start: its id is the start'
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -24,9 +25,11 @@ from agent.decisionlog import DecisionLog
 from agent.decisionlog.marks import UploadMarks
 from agent.http import LocalHttpServer
 from agent.installer import Installer
+from agent.kernel import signals
 from agent.kernel.errors import EdgefleetError
 from agent.metrics import AgentMetrics
 from agent.planning import Problem
+from agent.remote.service import Controls
 from agent.status import GaugeThread, problem_lines, update_upstream_gauges, upstream_health
 from agent.upstream import Upstream
 from runtime.profiles import load_profile
@@ -51,6 +54,10 @@ class Companion:
             no directives service).
         split: the hot path runs in another process: watch it (alarms, restarts), and
             join its metrics to the companion's on ``/metrics``.
+        config_path: the configuration file (a remote reload reads and checks it).
+        supervisor_pid: the supervisor of ``edge-agent run``, which a remote restart or
+            reload asks (:data:`agent.kernel.signals.RESTART`, ``RECONFIGURE``); None:
+            this agent can't restart itself.
     """
 
     def __init__(
@@ -64,8 +71,12 @@ class Companion:
         installer: Installer | None = None,
         split: bool = True,
         problems: list[Problem] | None = None,
+        config_path: Path | None = None,
+        supervisor_pid: int | None = None,
     ) -> None:
         self.config = config
+        self.config_path = config_path
+        self.supervisor_pid = supervisor_pid
         self.link = link
         self.metrics = metrics or AgentMetrics()
         self.problems: list[Problem] = problems if problems is not None else []
@@ -107,11 +118,31 @@ class Companion:
             health=self._fleet_health,
             worker_pids=self._worker_pids,
             load=self.link.live,
+            controls=self.controls(),
         )
         self._gauges.start()
         if self.split:
             self._watcher.start()
         return self
+
+    def controls(self) -> Controls:
+        """What the remote actions service may ask of this agent."""
+        pid = self.supervisor_pid
+
+        def ask(signum: int) -> None:
+            if pid is None:
+                raise OSError("no supervisor")
+            os.kill(pid, signum)
+
+        return Controls(
+            health=lambda: self.health()[1],
+            ready=lambda: self.ready()[1],
+            hello=lambda: dict(self.link.status().get("hello") or {}),
+            restart=None if pid is None else lambda: ask(signals.RESTART),
+            reload=None if pid is None else lambda: ask(signals.RECONFIGURE),
+            config_path=self.config_path,
+            config_digest=self.config.digest(),
+        )
 
     def stop(self, timeout_s: float = 1.0) -> None:
         self._stop.set()
@@ -133,6 +164,8 @@ class Companion:
             ok, details = False, {"hotpath": f"not answering: {exc.reason}"}
         details = dict(details)
         details.update(upstream_health(self.upstream))
+        if self.upstream.remote is not None:
+            details["remote"] = self.upstream.remote.health()
         if self.split:  # in one process the two parts share one list of problems
             hot = details.get("problems")
             details["problems"] = [

@@ -32,6 +32,7 @@ from agent.line.points import parse_point, writable
 from agent.line.servers.config import ModbusServerConfig, OpcUaServerConfig
 from agent.mqtt_config import LocalMqttConfig
 from agent.policy import STANDARD_OUTCOMES, PolicySpec
+from agent.remote.config import LogsConfig, RemoteConfig
 from agent.sensors.config import SensorConfig
 from agent.shadow.config import ShadowConfig
 from agent.uplink.config import UplinkConfig
@@ -251,6 +252,14 @@ class AgentConfig(Section):
     modbus_server: ModbusServerConfig = Field(
         default_factory=ModbusServerConfig,
         description="The agent as a Modbus TCP server (off by default).",
+    )
+    remote: RemoteConfig = Field(
+        default_factory=RemoteConfig,
+        description="The fleet's signed remote actions: logs, restart, reload, diagnostics.",
+    )
+    logs: LogsConfig = Field(
+        default_factory=LogsConfig,
+        description="The agent's own rotating log files (when its log is not the journal).",
     )
 
     def uses_installer(self) -> bool:

@@ -11,7 +11,12 @@ the companion (:func:`agent.child.run_companion`), and restarts either when it d
   line keeps deciding while it is down.
 
 SIGTERM and SIGINT stop both (companion first, then the hot path, which flushes the
-decision log); SIGHUP is passed to the hot path (reload after a side-load).
+decision log); SIGHUP is passed to the hot path (reload after a side-load). The
+companion asks for a remote action's restart with :data:`agent.kernel.signals.RESTART`
+(SIGUSR1): under systemd the supervisor stops both and exits with
+:data:`EXIT_RESTART`, on which the unit restarts the service; elsewhere it restarts
+both itself. :data:`agent.kernel.signals.RECONFIGURE` (SIGUSR2, a remote reload)
+restarts both in place, and they read the configuration file again.
 
 Under systemd (``Type=notify``) the supervisor is the main process and the only one that
 notifies (:mod:`agent.watchdog`): ``READY=1`` once the hot path answers with its pipelines
@@ -44,7 +49,7 @@ from agent.child import ENV_LAST_EXIT, ENV_RECOVER, ENV_SOCKET, ENV_STARTS
 from agent.config import AgentConfig
 from agent.control.client import ControlClient
 from agent.control.protocol import ControlError
-from agent.kernel import sdnotify, secrets
+from agent.kernel import sdnotify, secrets, signals
 from agent.kernel.signals import SignalRelay
 from agent.watchdog import HotPathWatch
 from runtime.profiles import load_profile
@@ -62,6 +67,9 @@ STANDBY_DELAY_S = 5.0
 STOP_S = 6.0
 """How long a child gets after SIGTERM before SIGKILL."""
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
+EXIT_RESTART = 75
+"""The exit status asking systemd to start the service again (the unit's
+``RestartForceExitStatus=`` and ``SuccessExitStatus=``): a remote restart."""
 
 
 def describe_exit(code: int) -> str:
@@ -112,6 +120,13 @@ class Supervisor:
         self.client = ControlClient(self.socket_path)
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
+        self.restart_event = threading.Event()
+        self.reconfigure_event = threading.Event()
+        self.exit_code = 0
+        """What ``edge-agent run`` exits with: :data:`EXIT_RESTART` after a restart
+        asked for under systemd."""
+        self.restarts_in_place = 0
+        self._asked_restart_at: float | None = None
         self.notifier = sdnotify.Notifier()
         self._watch_client = ControlClient(self.socket_path)  # the watch's own connection
         self.watch = HotPathWatch(
@@ -218,6 +233,13 @@ class Supervisor:
         unless it keeps dying: then systemd's watchdog decides. A hot path that is
         alive but does not answer (stopped, stuck) gets no grace."""
         hot = self.hotpath
+        asked = self._asked_restart_at
+        if (  # a restart asked for: until the new hot path answers
+            asked is not None
+            and time.monotonic() - asked < HOTPATH_READY_S
+            and self.watch.last_alive_at < asked
+        ):
+            return True
         if hot.starts <= 1 or hot.quick_deaths >= len(HOTPATH_BACKOFF_S):
             return False
         proc = hot.proc
@@ -247,6 +269,14 @@ class Supervisor:
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self._signal(self.hotpath, signal.SIGHUP)
+            if self.restart_event.is_set() and self.notifier.enabled:
+                log.warning("restart asked for: exiting %d for systemd to restart", EXIT_RESTART)
+                self.exit_code = EXIT_RESTART
+                break
+            if self.restart_event.is_set() or self.reconfigure_event.is_set():
+                self.restart_event.clear()
+                self.reconfigure_event.clear()
+                self._restart_in_place(now)
             self._reap(self.hotpath, now)
             if self.hotpath.proc is None and now >= self.hotpath.restart_at:
                 self._start_hotpath(now)
@@ -257,6 +287,32 @@ class Supervisor:
                 self._reap(self.standby, now, restart_in=STANDBY_DELAY_S)
                 if self.standby.proc is None and now >= self.standby.restart_at:
                     self._spawn(self.standby)
+
+    def _restart_in_place(self, now: float) -> None:
+        """Stop the companion and the hot path; the loop starts them again at once, as
+        at the start: they read the configuration file again, and the new hot path
+        counts as a first start (no crash is reported for it). The watchdog is petted
+        while the new hot path comes up (:meth:`_restarting_hotpath`)."""
+        self.restarts_in_place += 1
+        self._asked_restart_at = now
+        log.warning("restarting the hot path and the companion (asked for)")
+        self.notifier.status("restarting the hot path and the companion")
+        for child in (self.companion, self.hotpath):
+            self._signal(child, signal.SIGTERM)
+            proc = child.proc
+            if proc is None:
+                continue
+            try:
+                proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                log.error("%s did not stop within %.0f s: killed", child.role, STOP_S)  # noqa: TRY400
+                proc.kill()
+                proc.wait(STOP_S)
+            child.proc = None
+            child.restart_at = now
+            child.quick_deaths = 0
+        self.hotpath.starts = 0
+        self.hotpath.last_exit = ""
 
     def stats(self) -> dict[str, Any] | None:
         """The hot path's counters (``--stats``), or None when it does not answer."""
@@ -305,6 +361,8 @@ def run_supervised(
 
     relay = SignalRelay().on(signal.SIGTERM, sup.stop_event.set)
     relay.on(signal.SIGINT, sup.stop_event.set).on(signal.SIGHUP, sup.reload_event.set)
+    relay.on(signals.RESTART, sup.restart_event.set)
+    relay.on(signals.RECONFIGURE, sup.reconfigure_event.set)
     counters = None
     try:
         sup.run(duration_s)
@@ -314,4 +372,4 @@ def run_supervised(
         sup.stop()
     if stats:
         print(json.dumps(counters or {}, indent=2, default=str))
-    return 0
+    return sup.exit_code

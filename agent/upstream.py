@@ -1,7 +1,9 @@
 """The agent's side toward the fleet: the uplink (state, health, decisions and events
 through the outbox) with the enrolled identity, the directives service (signed bundles,
-with the running agent as the health probe), the install reports it hands the uplink, and
-alarms of the agent's parts reported as rate-limited ``alarm`` events.
+with the running agent as the health probe), the install reports it hands the uplink, the
+remote actions service (the fleet's signed requests for logs, a restart, a reload or
+diagnostics: :mod:`agent.remote.service`), and alarms of the agent's parts reported as
+rate-limited ``alarm`` events.
 
 Nothing here is on the hot path; a part that can't start is a problem on /healthz and the
 rest of the agent runs.
@@ -26,6 +28,7 @@ from agent.kernel.errors import EdgefleetError
 from agent.livelatency import LoadSource
 from agent.metrics import AgentMetrics
 from agent.planning import Problem
+from agent.remote.service import ActionsService, Controls
 from agent.uplink.service import Uplink
 from agent.uplink.sysinfo import SysInfo
 
@@ -49,6 +52,8 @@ class Upstream:
         self.identity: Identity | None = None
         self.uplink: Uplink | None = None
         self.updates: DirectivesService | None = None
+        self.remote: ActionsService | None = None
+        self._own_fetcher: Any = None
         self._alarm_lock = threading.Lock()
         self._alarm_sent: dict[str, tuple[float | None, int]] = {}
 
@@ -62,9 +67,11 @@ class Upstream:
         health: Callable[[], dict[str, Any]],
         worker_pids: Callable[[], list[int]],
         load: LoadSource | None = None,
+        controls: Controls | None = None,
     ) -> None:
         """Start the uplink, then (with ``[bundles]`` enabled and an installer) the
-        directives service."""
+        directives service, then (with ``controls`` and ``[remote]`` enabled) the remote
+        actions service on the same session."""
         self._start_uplink(
             decision_log=decision_log,
             installer=installer,
@@ -86,6 +93,49 @@ class Upstream:
                 session=self.uplink.session if self.uplink is not None else None,
             )
             self.updates.start()
+        if controls is not None and self.config.remote.enabled:
+            self._start_remote(controls, profile_name)
+
+    def _start_remote(self, controls: Controls, profile_name: str) -> None:
+        """The remote actions service on the device's fleet session (or the directives'
+        plain broker when not enrolled), verifying with the bundles' trust root."""
+        from agent.directives.link import make_client  # noqa: PLC0415 - only with remote actions
+        from agent.update.fetchers import MqttFetcher  # noqa: PLC0415
+
+        session = (
+            self.uplink.session
+            if self.uplink is not None
+            else self.updates.session
+            if self.updates is not None
+            else None
+        )
+        if session is None:
+            log.info("remote actions: no fleet session (not enrolled, no [bundles])")
+            return
+        bundles = self.config.bundles
+        fetcher = (
+            self.updates.fetcher
+            if self.updates is not None
+            else MqttFetcher.on_session(
+                session, device_id=self.config.agent.device_id, timeout_s=bundles.fetch_timeout_s
+            )
+        )
+        try:
+            client = make_client(
+                bundles,
+                self.config.agent.state_dir,
+                fetcher,
+                device_id=self.config.agent.device_id,
+                hw=bundles.hardware_class or profile_name,
+            )
+            self.remote = ActionsService(
+                self.config, session=session, client=client, controls=controls
+            )
+        except EdgefleetError as e:
+            self.problems.append(Problem("remote", f"remote actions off: {e}"))
+            return
+        self._own_fetcher = None if self.updates is not None else fetcher
+        self.remote.start()
 
     def _start_uplink(
         self,
@@ -133,6 +183,10 @@ class Upstream:
         self.uplink.start()
 
     def stop(self, timeout_s: float = 1.0) -> None:
+        if self.remote is not None:
+            self.remote.stop(timeout_s=timeout_s)
+            if self._own_fetcher is not None:
+                self._own_fetcher.close()
         if self.updates is not None:
             self.updates.stop(timeout_s=timeout_s)
         if self.uplink is not None:

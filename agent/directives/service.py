@@ -95,6 +95,11 @@ class DirectivesService:
         self.session = session
         self.guard = session.guard
         self._topic = topics.directive(self.device_id)
+        # One fetcher for the service's life: the remote actions service refreshes the
+        # same trusted metadata through it (a session holds one subscription a topic).
+        self.fetcher = MqttFetcher.on_session(
+            session, device_id=self.device_id, timeout_s=cfg.fetch_timeout_s
+        )
 
     def start(self) -> None:
         self.session.subscribe(self._topic, self._on_message, qos=1)
@@ -109,6 +114,7 @@ class DirectivesService:
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.session.unsubscribe([self._topic])
+        self.fetcher.close()
         if self._owns_session:
             self.session.stop(timeout_s)
 
@@ -178,24 +184,18 @@ class DirectivesService:
 
     def apply(self, directive: bytes) -> Report:
         # Fetches go through the directives' session: one connection to the broker.
-        fetcher = MqttFetcher.on_session(
-            self.session, device_id=self.device_id, timeout_s=self.cfg.fetch_timeout_s
+        self.fetcher.start()
+        client = make_client(
+            self.cfg, self.state_dir, self.fetcher, device_id=self.device_id, hw=self.hw
         )
-        fetcher.start()
-        try:
-            client = make_client(
-                self.cfg, self.state_dir, fetcher, device_id=self.device_id, hw=self.hw
-            )
-            report = apply_directive(
-                client,
-                self.installer,
-                directive,
-                staging_root=self.state_dir / "staging",
-                source="mqtt",
-                probe_factory=lambda name: AgentProbe(self.agent, name),
-            )
-        finally:
-            fetcher.close()
+        report = apply_directive(
+            client,
+            self.installer,
+            directive,
+            staging_root=self.state_dir / "staging",
+            source="mqtt",
+            probe_factory=lambda name: AgentProbe(self.agent, name),
+        )
         report["stale"] = client.stale
         # Committed: the trial slot is now the committed one. Failed: back to the old.
         self.agent.reload_if_changed()

@@ -146,3 +146,10 @@ def receive_handoff() -> int:
     handed = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
     _held.update(handed)
     return len(handed)
+
+
+def held_values() -> list[str]:
+    """The values of the secrets this process holds (moved out of its environment or
+    handed by its parent): what :mod:`agent.remote.redact` takes out of what leaves the
+    device."""
+    return [v for v in _held.values() if v]

@@ -23,6 +23,14 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+RESTART = signal.SIGUSR1
+"""The companion asks the supervisor (``edge-agent run``) to restart the agent's
+processes (a remote ``restart``; under systemd the supervisor exits for the unit to
+restart it)."""
+RECONFIGURE = signal.SIGUSR2
+"""The companion asks the supervisor to restart the hot path and the companion, which
+read the configuration file again (a remote ``reload``)."""
+
 
 class SignalRelay:
     """Runs ``callback`` on a thread of its own for each signal it was told ``on``."""

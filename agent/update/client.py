@@ -12,6 +12,7 @@ manifest says) -> the installer stages, switches and commits ->
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +45,17 @@ from agent.update.trust import Applied, AppliedCounter, sync_tree, trusted_root
 from agent.wire.fetch import METADATA_BASE_URL, TARGETS_BASE_URL
 
 log = logging.getLogger(__name__)
+
+_REFRESH_LOCKS: dict[Path, threading.Lock] = {}
+_REFRESH_LOCKS_LOCK = threading.Lock()
+
+
+def refresh_lock(trust_dir: Path) -> threading.Lock:
+    """The lock every refresh of ``trust_dir`` in this process holds: the directives
+    service and the remote actions service refresh the same metadata cache."""
+    key = Path(trust_dir).absolute()
+    with _REFRESH_LOCKS_LOCK:
+        return _REFRESH_LOCKS.setdefault(key, threading.Lock())
 
 
 class _Updater(Updater):
@@ -164,6 +176,24 @@ class BundleClient:
             MetadataRejected: metadata failed verification or could not be fetched.
             UpdateError: this python-tuf offers no way to check at the effective time.
         """
+        with refresh_lock(self.trust_dir):
+            self._refresh()
+
+    def trusted_targets(self) -> Targets:
+        """The repository's top-level targets, verified by a refresh done now: what a
+        signed action request is checked against (:mod:`agent.remote.request`).
+
+        Raises:
+            TrustRootError, StaleMetadataError, MetadataRejected, UpdateError: as
+                :meth:`refresh`.
+        """
+        self.refresh()
+        assert self._updater is not None  # noqa: S101
+        targets = self._updater.trusted(Targets.type)
+        assert isinstance(targets, Targets)  # noqa: S101
+        return targets
+
+    def _refresh(self) -> None:
         self._updater = None
         trusted_root(self.trust_dir)
         now = self.time_floor.now()

@@ -141,21 +141,21 @@ def _custom_str(custom: dict[str, Any], key: str) -> str:
     return value
 
 
-def verify_directive(
-    data: bytes, trusted_targets: Targets, *, device_id: str, hardware_class: str
-) -> Directive:
-    """Verify ``data`` with the director delegation of ``trusted_targets`` and check that
-    it is for ``device_id`` on ``hardware_class`` and names one bundle manifest.
+def verify_signed(
+    data: bytes, trusted_targets: Targets, what: str = "directive"
+) -> tuple[Targets, bytes]:
+    """The signed part of ``data`` and its canonical bytes, once ``data`` is a TUF targets
+    document signed by a threshold of the distinct director keys ``trusted_targets``
+    delegates to (bundle directives and action requests: :mod:`agent.remote.request`).
 
     Raises:
-        DirectiveRefused: too large, not a signed targets document, not signed by a
-            threshold of distinct director keys, for another device or hardware class,
-            or not naming exactly one ``bundles/<name>/<release>/manifest.json``.
+        DirectiveRefused: too large, not a signed targets document, not canonical, or
+            not signed by a threshold of distinct director keys.
     """
     if len(data) > MAX_DIRECTIVE_BYTES:
-        raise DirectiveRefused(f"directive of {len(data)} bytes (limit {MAX_DIRECTIVE_BYTES})")
+        raise DirectiveRefused(f"{what} of {len(data)} bytes (limit {MAX_DIRECTIVE_BYTES})")
     try:  # depth, numbers and Unicode first: python-tuf's parser sees only checked JSON
-        untrusted.loads_object(data, what="directive", max_bytes=MAX_DIRECTIVE_BYTES)
+        untrusted.loads_object(data, what=what, max_bytes=MAX_DIRECTIVE_BYTES)
     except untrusted.UntrustedInputError as exc:
         raise DirectiveRefused(f"not a TUF targets document: {exc.reason}") from None
     try:
@@ -178,10 +178,26 @@ def verify_directive(
         raise DirectiveRefused(f"not signed by the director: {exc}") from exc
     except ValueError as exc:
         raise DirectiveRefused(f"the repository delegates no director: {exc}") from exc
-    signed = md.signed
+    return md.signed, payload
+
+
+def verify_directive(
+    data: bytes, trusted_targets: Targets, *, device_id: str, hardware_class: str
+) -> Directive:
+    """Verify ``data`` with the director delegation of ``trusted_targets`` and check that
+    it is for ``device_id`` on ``hardware_class`` and names one bundle manifest.
+
+    Raises:
+        DirectiveRefused: too large, not a signed targets document, not signed by a
+            threshold of distinct director keys, for another device or hardware class,
+            or not naming exactly one ``bundles/<name>/<release>/manifest.json``.
+    """
+    signed, payload = verify_signed(data, trusted_targets)
     custom = signed.unrecognized_fields.get("custom")
     if not isinstance(custom, dict):
         raise DirectiveRefused("custom is missing (device_id, hardware_class)")
+    if custom.get("type") is not None:  # an action request (agent.remote.request)
+        raise DirectiveRefused(f"a {_shown(str(custom.get('type')))} request, not a directive")
     for_device = _custom_str(custom, "device_id")
     for_class = _custom_str(custom, "hardware_class")
     if for_device != device_id:

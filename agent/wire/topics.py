@@ -97,6 +97,24 @@ def events(device_id: str) -> str:
     return f"{_device(device_id)}/events"
 
 
+def action_request(device_id: str) -> str:
+    """Fleet -> device, retained with a message expiry: the newest signed action request
+    (logs, restart, reload, diagnostics; :mod:`agent.wire.actions`)."""
+    return f"{_device(device_id)}/actions/request"
+
+
+def action_result(device_id: str) -> str:
+    """Device -> fleet: the answers to an action request (accepted, running, ok,
+    refused, failed)."""
+    return f"{_device(device_id)}/actions/result"
+
+
+def action_chunk(device_id: str) -> str:
+    """Device -> fleet: what an action collected (log lines, a diagnostics archive), in
+    bounded chunks."""
+    return f"{_device(device_id)}/actions/chunk"
+
+
 def is_device_id(value: str) -> bool:
     """Whether ``value`` can be a device id (one topic level, no wildcard, no ``/``)."""
     return _DEVICE_ID.fullmatch(value) is not None

@@ -153,18 +153,76 @@ def issue_directive(
                 unrecognized_fields={"custom": custom},
             )
         )
-        role = targets.get_delegated_role(DIRECTOR) if targets.delegations else None
-        if role is None:
-            raise DirectiveError(device_id, "the repository's targets delegate no director")
-        for signer in keystore.signers(role.keyids):
-            directive.sign(signer, append=True)
-        try:
-            targets.verify_delegate(DIRECTOR, directive.signed_bytes, directive.signatures)
-        except UnsignedMetadataError as exc:
-            raise DirectiveError(
-                device_id,
-                f"the keystore {keystore.path} lacks the director key the repository "
-                f"delegates to ({exc})",
-            ) from exc
+        _sign(targets, keystore, device_id, directive)
         _record(repo, device_id, counter)
     return directive.to_bytes(JSONSerializer())
+
+
+def _sign(targets: Targets, keystore: KeyStore, device_id: str, md: Metadata[Targets]) -> None:
+    """Sign ``md`` with the director keys ``targets`` delegates to, and check that the
+    signatures meet the delegation's threshold (what the device will check).
+
+    Raises:
+        DirectiveError: no director delegation, or the keystore lacks its keys.
+    """
+    role = targets.get_delegated_role(DIRECTOR) if targets.delegations else None
+    if role is None:
+        raise DirectiveError(device_id, "the repository's targets delegate no director")
+    for signer in keystore.signers(role.keyids):
+        md.sign(signer, append=True)
+    try:
+        targets.verify_delegate(DIRECTOR, md.signed_bytes, md.signatures)
+    except UnsignedMetadataError as exc:
+        raise DirectiveError(
+            device_id,
+            f"the keystore {keystore.path} lacks the director key the repository "
+            f"delegates to ({exc})",
+        ) from exc
+
+
+def sign_action(
+    repo: Repository,
+    keystore: KeyStore,
+    *,
+    device_id: str,
+    request_id: str,
+    action: str,
+    params: dict[str, Any],
+    counter: int,
+    expires: datetime,
+) -> bytes:
+    """A signed action request (JSON bytes): a directive with no target whose ``custom``
+    is ``{"type": "action", "device_id", "request_id", "action", "params"}``, signed by
+    the same director keys as bundle directives (see :mod:`agent.wire.actions`).
+
+    ``counter`` is the device's action counter (a sequence of its own, kept by the
+    caller: :mod:`fleet_server.actions.store`); ``params`` are already checked
+    (:func:`agent.wire.actions.check_params`) and hold no float (canonical JSON has none).
+
+    Raises:
+        DirectiveError: a bad device id, a non-positive counter, no usable director key.
+        RepoError: the repository is not initialised or unreadable.
+        KeystoreError: the director key can't be read or decrypted.
+    """
+    try:
+        topics.action_request(device_id)
+    except ValueError as exc:
+        raise DirectiveError(device_id, str(exc)) from exc
+    if counter < 1:
+        raise DirectiveError(device_id, f"counter {counter} is not positive")
+    custom = {
+        "type": "action",
+        "device_id": device_id,
+        "request_id": request_id,
+        "action": action,
+        "params": params,
+    }
+    with repo.locked():
+        targets = repo.targets().signed
+        request = Metadata(
+            Targets(
+                version=counter, expires=expires, targets={}, unrecognized_fields={"custom": custom}
+            )
+        )
+        _sign(targets, keystore, device_id, request)
+    return request.to_bytes(JSONSerializer())

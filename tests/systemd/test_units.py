@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.kernel.secrets import CREDENTIAL_DIR_ID
+from agent.supervisor import EXIT_RESTART
 
 UNITS = Path(__file__).resolve().parents[2] / "packaging" / "systemd"
 AGENT = UNITS / "edgefleet-agent.service"
@@ -112,11 +113,17 @@ def test_the_contract_settings(
     assert s["LoadCredential"] == [f"{CREDENTIAL_DIR_ID}:/etc/edgefleet/credentials/{part}"]
 
 
+def test_a_remote_restart_exits_with_the_status_the_unit_restarts_on() -> None:
+    s = _settings(AGENT)
+    assert s["RestartForceExitStatus"] == [str(EXIT_RESTART)]
+    assert s["SuccessExitStatus"] == [str(EXIT_RESTART)]
+
+
 def test_the_agent_reaches_cameras_by_class_and_only_raises_the_pool_thread() -> None:
     s = _settings(AGENT)
     assert s["DevicePolicy"] == ["closed"]
     assert s["DeviceAllow"] == ["char-video4linux rw"]
-    assert s["SupplementaryGroups"] == ["video"]
+    assert s["SupplementaryGroups"] == ["video systemd-journal"]  # cameras; its journal
     assert s["CapabilityBoundingSet"] == ["CAP_SYS_NICE"]
     assert s["AmbientCapabilities"] == ["CAP_SYS_NICE"]
     assert "RestrictRealtime" not in s  # the pool's I/O thread runs SCHED_RR
