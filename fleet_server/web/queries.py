@@ -101,6 +101,27 @@ def sites_and_lines(engine: Engine) -> list[tuple[str, str]]:
         return [(str(s), str(ln)) for s, ln in conn.execute(query)]
 
 
+MAX_CHOICES = 2000
+"""Device ids offered in a filter's list of choices at most (any id can still be typed)."""
+
+
+def filter_choices(engine: Engine) -> tuple[list[str], list[str]]:
+    """The device ids (the first :data:`MAX_CHOICES`) and the bundle versions the devices
+    run or ran before, for a filter's lists of choices: read from the registry, never from
+    the decisions (one small query each)."""
+    ids = sa.select(devices.c.device_id).order_by(devices.c.device_id).limit(MAX_CHOICES)
+    versions = sa.union(
+        sa.select(devices.c.active_version.label("v")).where(devices.c.active_version.isnot(None)),
+        sa.select(devices.c.previous_version.label("v")).where(
+            devices.c.previous_version.isnot(None)
+        ),
+    ).subquery()
+    with engine.connect() as conn:
+        found = [str(d) for (d,) in conn.execute(ids)]
+        known = sorted(str(v) for (v,) in conn.execute(sa.select(versions.c.v)))
+    return found, known
+
+
 def health_reports(
     engine: Engine, device_id: str, start: float, end: float
 ) -> tuple[list[tuple[float, dict[str, Any]]], bool]:

@@ -73,7 +73,7 @@ def _params(request: Request) -> dict[str, str]:
 
 
 def _params_of(q: Any) -> dict[str, str]:
-    names = (*TEXT_FILTERS, "range", "reviewed", "disagreement")
+    names = (*TEXT_FILTERS, "range", "from", "to", "reviewed", "disagreement")
     return {n: q[n].strip() for n in names if q.get(n, "").strip()}
 
 
@@ -106,6 +106,19 @@ def _filter(params: dict[str, str], now: float, user: Principal) -> DecisionFilt
         if span not in RANGES:
             raise PageError(400, f"range {span!r} is not one of {', '.join(RANGES)}", user=user)
         given["since"] = repr(now - RANGES[span])
+    for key, end_of_day in (("from", False), ("to", True)):
+        day = params.get(key)
+        if day is None:
+            continue
+        try:  # a day in the server's local time, as the pages show times
+            start = time.mktime(time.strptime(day, "%Y-%m-%d"))
+        except (ValueError, OverflowError):
+            raise PageError(400, f"{key} {day!r} is not a date (YYYY-MM-DD)", user=user) from None
+        if end_of_day:
+            given["until"] = repr(start + 86400)
+        else:
+            held = given.get("since")
+            given["since"] = repr(max(float(held), start) if held else start)
     given["reviewed"] = params.get("reviewed")
     given["disagreement"] = params.get("disagreement")
     try:
@@ -158,6 +171,7 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
                 params | {"cursor": encode_cursor(page.next_cursor)}
             )
         pairs = queries.sites_and_lines(engine)
+        known_devices, known_versions = queries.filter_choices(engine)
         keys = [(r.device_id, r.id) for r in page.rows]
         outputs = queries.decision_outputs(engine, keys)
         images = image_sizes_by_device(engine, keys)
@@ -185,6 +199,8 @@ def review_router(pages: Pages, engine: Engine) -> APIRouter:
             "groups": groups,
             "sites": sorted({s for s, _ in pairs if s}),
             "lines": sorted({ln for _, ln in pairs if ln}),
+            "known_devices": known_devices,
+            "known_versions": known_versions,
             "outcomes": OUTCOMES,
             "ranges": list(RANGES),
             "can_review": user.can("decisions:review"),

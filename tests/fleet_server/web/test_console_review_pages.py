@@ -297,3 +297,26 @@ def test_ticked_decisions_are_confirmed_in_one_go_and_the_list_keeps_its_filter(
     assert (
         lena.post("/ui/decisions/confirm", {"back": back, "csrf_token": lena.csrf()}).status == 400
     )
+
+
+def test_filters_offer_the_fleet_s_devices_and_versions_and_a_date_range(
+    console: Console,
+) -> None:
+    vic = console.client("vic")
+    page = vic.get("/ui/decisions")
+    devices = re.search(r'<datalist id="devices">(.*?)</datalist>', page.text, re.S)
+    assert devices is not None
+    assert f'<option value="{FEATURED}">' in devices.group(1)
+    assert '<input name="device" list="devices"' in page.text
+    assert '<input name="model_version" list="versions"' in page.text
+    today = time.strftime("%Y-%m-%d")
+    tomorrow = time.strftime("%Y-%m-%d", time.localtime(time.time() + 86400))
+    day = vic.get(f"/ui/decisions?from={today}&to={today}&device={FEATURED}")
+    assert day.status == 200
+    assert 'name="from" value="' + today in day.text  # kept in the form
+    yesterday = time.strftime("%Y-%m-%d", time.localtime(time.time() - 86400))
+    both = vic.get(f"/ui/decisions?from={yesterday}&to={today}&device={FEATURED}")
+    assert 'data-testid="decision-row"' in both.text  # the seeded hours lie in these days
+    later = vic.get(f"/ui/decisions?from={tomorrow}&device={FEATURED}")
+    assert "No decision matches." in later.text
+    assert vic.get("/ui/decisions?from=yesterday").status == 400
