@@ -83,3 +83,21 @@ def test_without_drift_buckets_the_page_says_so(console: Console) -> None:
     assert page.status == 200
     assert "No drift buckets stored for these filters." in page.text
     assert 'data-testid="drift-badge"' not in console.client("lena").get("/ui/").text
+
+
+def test_a_line_with_too_few_decisions_shows_how_far_it_is_from_being_judged(
+    console: Console,
+) -> None:
+    t0 = int(time.time()) // PERIOD * PERIOD - 14 * PERIOD
+    ctx = console.server.context
+    ctx.config = ctx.config.model_copy(update={"drift": SECTION})
+    fill(console.engine, "a3-01", "3", t0, range(15), 12)  # 12 a period: too few
+    page = console.client("vic").get("/ui/drift?line=3")
+    row = re.search(r'data-testid="drift-row" data-line="3">(.*?)</tr>', page.text, re.S)
+    assert row is not None, page.text
+    assert "not judged" in row.group(1)
+    progress = re.search(r'data-testid="drift-progress">([^<]+)<', row.group(1))
+    assert progress is not None
+    m = SETTINGS.min_count
+    # the reference's 10 periods, and the window's periods so far (5 or 6 by the clock)
+    assert re.fullmatch(rf"120 of {m} in the reference, (60|72) of {m} now", progress.group(1))
