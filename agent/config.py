@@ -356,7 +356,7 @@ def _check_stations(cfg: AgentConfig, path: str) -> None:
             except ValueError as exc:
                 raise ConfigError(path, f"sensors[{i}].points[{j}].point", str(exc)) from None
     pipelines = {p.name: p for p in cfg.pipelines}
-    cameras = {c.name for c in cfg.cameras}
+    cameras = {c.name: c for c in cfg.cameras}
     taken: dict[str, str] = {}
     for i, st in enumerate(cfg.stations):
         where = f"stations[{i}]"
@@ -371,6 +371,7 @@ def _check_stations(cfg: AgentConfig, path: str) -> None:
             why = f"pipeline '{pipe.name}' already belongs to station '{taken[pipe.name]}'"
             raise ConfigError(path, f"{where}.pipeline", why)
         taken[pipe.name] = st.name
+        _check_pairing(st, cameras[pipe.source], path, where)
         line = cfg.source_line(pipe.source)
         if line in cfg.lines and st.fail_safe not in cfg.lines[line].outcomes:
             raise ConfigError(
@@ -402,6 +403,24 @@ def _check_stations(cfg: AgentConfig, path: str) -> None:
                     f"{point.point!r} is read only on a {link.driver} PLC: an output can't go there"
                 )
                 raise ConfigError(path, f"{where}.{field}.point", why)
+
+
+def _check_pairing(st: StationConfig, camera: CameraConfig, path: str, where: str) -> None:
+    """A hardware-triggered camera is paired by the window, and only it."""
+    hardware = camera.trigger_mode == "hardware"
+    if hardware and st.capture == "software_trigger":
+        why = (
+            f"camera '{camera.name}' is triggered by its input line (trigger_mode = "
+            '"hardware"): its frames are paired by hardware_trigger_window_ms, leave '
+            "capture unset"
+        )
+        raise ConfigError(path, f"{where}.capture", why)
+    if not hardware and "hardware_trigger_window_ms" in st.model_fields_set:
+        why = (
+            f"applies to a camera with trigger_mode = \"hardware\"; camera '{camera.name}' "
+            f"is {camera.trigger_mode}"
+        )
+        raise ConfigError(path, f"{where}.hardware_trigger_window_ms", why)
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:

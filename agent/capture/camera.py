@@ -357,8 +357,10 @@ class Camera:
                 self._stop.wait(min(_IDLE_WAIT_S, period_ns / 1e9))
                 continue
             last_frame_ns = t_ns
+            clock = "host"
             if source.last_stamp is not None:  # taken earlier than it was read
                 t_ns, wall = source.last_stamp
+                clock = source.last_clock
             if source.last_damaged and c.damaged_frames == "skip" and self._decoding:
                 self._decoding.damage.skipped()  # decoded with damage: not decided on
                 continue
@@ -368,9 +370,9 @@ class Camera:
                         self._skipped += 1
                     continue
                 next_ns = max(next_ns + period_ns, t_ns + period_ns // 2)
-                self._publish(image, t_ns, wall, backoff)
+                self._publish(image, t_ns, wall, backoff, clock)
                 continue
-            self._publish(image, t_ns, wall, backoff)
+            self._publish(image, t_ns, wall, backoff, clock)
             if triggered:
                 continue
             next_ns += period_ns
@@ -380,7 +382,9 @@ class Camera:
             if next_ns > now:
                 self._stop.wait((next_ns - now) / 1e9)
 
-    def _publish(self, image: Image, t_ns: int, wall: float, backoff: Backoff) -> None:
+    def _publish(
+        self, image: Image, t_ns: int, wall: float, backoff: Backoff, clock: str = "host"
+    ) -> None:
         image.flags.writeable = False
         with self._lock:
             seq = self._captured
@@ -390,7 +394,7 @@ class Camera:
             if not was_up:
                 self._since_ns = t_ns
                 self._failure = ""  # recovered: the last failure is past
-        replaced = self._slot.put(Frame(self.name, seq, image, t_ns, wall))
+        replaced = self._slot.put(Frame(self.name, seq, image, t_ns, wall, clock))
         with self._lock:
             self._recent_drops.append(replaced)
         if not was_up:

@@ -87,6 +87,8 @@ class Source(ABC):
     """When the frame ``read`` returned last was taken, as ``(perf_counter_ns, time.time())``,
     for a source that knows it better than the moment ``read`` returned (a GenICam
     camera's own timestamp); None: the moment ``read`` returned."""
+    last_clock: str = "host"
+    """Where ``last_stamp`` came from (:attr:`agent.capture.frame.Frame.clock`)."""
     waits_for_trigger: bool = False
     """``read`` returning None is a trigger line that is idle, not a stall: the source
     checks its own link (a hardware-triggered GenICam camera)."""

@@ -154,7 +154,17 @@ class StationConfig(Section):
     capture: Literal["after_trigger", "software_trigger"] = Field(
         "after_trigger",
         description="`after_trigger`: the first frame captured at or after the trigger; "
-        "`software_trigger`: fire the camera's software trigger (a camera that has one).",
+        "`software_trigger`: fire the camera's software trigger (a camera that has one). "
+        'A camera with trigger_mode = "hardware" is paired by `hardware_trigger_window_ms`.',
+    )
+    hardware_trigger_window_ms: tuple[float, float] = Field(
+        (100.0, 50.0),
+        description="[before, after]: a hardware-triggered camera (trigger_mode = "
+        '"hardware", a photo-eye on its input line) exposes before the PLC\'s trigger '
+        "reaches the agent; its frame for a trigger is the newest one captured from "
+        "`before` ms before to `after` ms after the station saw the trigger (the camera's "
+        "own timestamp). Keep before + after under the time between two parts; the "
+        "decisions' `outputs.capture.after_trigger_ms` show where the frames fall.",
     )
     outputs: list[OutputConfig] = Field(
         default_factory=list,
@@ -182,6 +192,14 @@ class StationConfig(Section):
         for name, code in self.outcome_codes.items():
             if not 0 <= code <= 65535:
                 raise ValueError(f"outcome_codes.{name} = {code} is outside 0..65535")
+        before, after = self.hardware_trigger_window_ms
+        if not (0 <= before <= MAX_DEADLINE_MS and 0 <= after <= MAX_DEADLINE_MS) or not (
+            before + after > 0
+        ):
+            raise ValueError(
+                f"hardware_trigger_window_ms {[before, after]}: before and after are "
+                f"0..{MAX_DEADLINE_MS:g} ms, and not both 0"
+            )
         for name in ("trigger", "part_id", "ack"):
             cfg = getattr(self, name)
             if cfg is not None and cfg.point in seen:

@@ -72,8 +72,10 @@ class LineService:
         self._by_pipeline: dict[str, Station] = {}
         for st_cfg in config.stations:
             cam = _camera_of(config, st_cfg.pipeline)
+            hardware = any(c.name == cam and c.trigger_mode == "hardware" for c in config.cameras)
             source = TriggeredSource(
-                software_trigger=st_cfg.capture == "software_trigger" and cam is not None
+                software_trigger=st_cfg.capture == "software_trigger" and cam is not None,
+                window_ms=st_cfg.hardware_trigger_window_ms if hardware else None,
             )
             station = Station(
                 st_cfg,

@@ -449,6 +449,9 @@ class PipelineRunner:
         lat["e2e"] = (t_done - t0) / 1e6
         rule = verdict.rule  # the rules' dump is made once (what Verdict.thresholds gives)
         trigger = getattr(item, "trigger", None)
+        clock = getattr(item, "clock", "host")
+        if trigger is not None or clock != "host":
+            summary["capture"] = capture_note(clock, t0, trigger)
         record = DecisionRecord(
             capture_time=item.wall_time,
             decision_time=time.time(),
@@ -475,6 +478,18 @@ class PipelineRunner:
             times.record("policy", t_done - t_policy)
             times.record("record", time.perf_counter_ns() - t_done)
         return Decision(record, verdict, result, t0, trigger)
+
+
+def capture_note(clock: str, t_capture_ns: int, trigger: Any) -> dict[str, Any]:
+    """What the record says of its capture time (``outputs["capture"]``): which clock it
+    is on (:attr:`agent.capture.frame.Frame.clock`: ``camera`` is the camera's own
+    timestamp mapped to the host clock) and, for a station's decision, how long after the
+    station saw the trigger the frame was taken (``after_trigger_ms``; negative for a
+    hardware-triggered camera that exposed before the PLC's trigger reached the agent)."""
+    note: dict[str, Any] = {"clock": clock}
+    if trigger is not None:
+        note["after_trigger_ms"] = round((t_capture_ns - trigger.t_ns) / 1e6, 3)
+    return note
 
 
 def run_chain(

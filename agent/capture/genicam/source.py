@@ -350,10 +350,13 @@ class GenicamSource(Source):
         if f.timestamp_ns:
             clock.arrival(f.timestamp_ns, arrival_ns)
             t_ns = min(clock.to_host(f.timestamp_ns), arrival_ns)
+            self.last_clock = "camera"
         else:
             t_ns = arrival_ns
+            self.last_clock = "arrival"
         if fired_ns and t_ns < fired_ns:
             t_ns = fired_ns  # exposed after the trigger was sent, whatever the mapping says
+            self.last_clock = "trigger"
             self.state.stamps_clamped += 1
         self.last_stamp = (t_ns, (wall_ns - (now_ns - t_ns)) / 1e9)
         self.state.frames += 1
