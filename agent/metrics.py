@@ -58,7 +58,8 @@ class AgentMetrics:
         )  # fmt: skip
         self.camera_lost_packets = Counter(
             "edgefleet_camera_lost_packets",
-            "RTP packets of a camera's video that never came (its ffmpeg decoder's count).",
+            "Packets of a camera's stream that never came: RTP packets (its ffmpeg "
+            "decoder's count), GigE Vision stream packets (Aravis's, after resends).",
             ["camera"], registry=r,
         )  # fmt: skip
         self.camera_decode_errors = Counter(
@@ -77,6 +78,24 @@ class AgentMetrics:
             "Frames read while the decoder reported damage for them, by action: kept "
             "(published) or skipped (damaged_frames = skip).",
             ["camera", "action"], registry=r,
+        )  # fmt: skip
+        self.camera_resent_packets = Counter(
+            "edgefleet_camera_resent_packets",
+            "GigE Vision stream packets a GenICam camera sent again when Aravis asked "
+            "(lost on the link, then recovered).",
+            ["camera"], registry=r,
+        )  # fmt: skip
+        self.camera_missed_triggers = Counter(
+            "edgefleet_camera_missed_triggers",
+            "Software triggers of a GenICam camera that got no frame within its "
+            "stall_timeout_s (the camera is then reopened).",
+            ["camera"], registry=r,
+        )  # fmt: skip
+        self.camera_clock_error = Gauge(
+            "edgefleet_camera_clock_error_seconds",
+            "How far a GenICam camera's frame timestamps, mapped to the host clock, may be "
+            "off from frame to frame.",
+            ["camera"], registry=r,
         )  # fmt: skip
         self.fps = Gauge(
             "edgefleet_camera_fps", "Measured frames per second of a camera.", ["camera"],

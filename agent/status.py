@@ -55,13 +55,14 @@ def camera_health(s: CameraStats) -> dict[str, Any]:
     after it recovered (null if it never failed); the failures by reason; and (RTSP) the
     decoder that runs and the ones passed over, with why; and the damage its decoder
     reported (lost packets, decode errors, concealed, damaged and skipped frames, and
-    whether it is counted at all). A camera that is down does not make the agent
-    unhealthy (it is reopened; /readyz says not ready)."""
+    whether it is counted at all); and a GenICam camera's own counters (``genicam``:
+    :meth:`agent.capture.genicam.source.GenicamState.snapshot`). A camera that is down
+    does not make the agent unhealthy (it is reopened; /readyz says not ready)."""
     last = None
     if s.last_failure:
         at = datetime.fromtimestamp(s.last_failure_at, timezone.utc).isoformat(timespec="seconds")
         last = {"reason": s.last_failure, "at": at, "error": s.last_error}
-    return {
+    health: dict[str, Any] = {
         "up": s.up,
         "failure": s.failure,
         "last_failure": last,
@@ -70,6 +71,9 @@ def camera_health(s: CameraStats) -> dict[str, Any]:
         "decoders_passed_over": dict(s.decoders_passed_over),
         "damage": dataclasses.asdict(s.damage),
     }
+    if s.genicam:
+        health["genicam"] = dict(s.genicam)
+    return health
 
 
 def pipeline_liveness(pipelines: Pipelines) -> dict[str, dict[str, Any]]:
@@ -139,7 +143,8 @@ def agent_stats(
 
 def update_camera_metrics(m: AgentMetrics, name: str, s: CameraStats) -> None:
     """Set camera ``name``'s metrics from its stats: up, fps, frames, drops, reopens,
-    failures by reason word, and (where its decoder reports it) damage."""
+    failures by reason word, (where its decoder reports it) damage, and a GenICam
+    camera's resent packets, missed triggers and clock error."""
     m.camera_up.labels(camera=name).set(1 if s.up else 0)
     m.fps.labels(camera=name).set(s.fps_measured)
     m.set_counter(m.frames, s.frames_captured, camera=name)
@@ -147,6 +152,11 @@ def update_camera_metrics(m: AgentMetrics, name: str, s: CameraStats) -> None:
     m.set_counter(m.camera_reopens, s.reopens, camera=name)
     for reason, count in s.failures.items():
         m.set_counter(m.camera_failures, count, camera=name, reason=reason)
+    g = s.genicam
+    if g:
+        m.set_counter(m.camera_resent_packets, g["resent_packets"], camera=name)
+        m.set_counter(m.camera_missed_triggers, g["missed_triggers"], camera=name)
+        m.camera_clock_error.labels(camera=name).set(g["clock"]["error_us"] / 1e6)
     d = s.damage
     if d.counted or d.damaged_frames:
         m.set_counter(m.camera_lost_packets, d.lost_packets, camera=name)

@@ -42,7 +42,8 @@ class CameraConfig(Section):
             "Device path (/dev/video0) or index (0) for v4l2; rtsp:// or http(s):// URL; "
             "video file path; image directory; empty for synthetic; genicam: the "
             "camera's serial number, its Aravis id (Vendor-Model-Serial) or its IP "
-            "address (as `edge-agent cameras` lists them)."
+            "address (as `edge-agent cameras` lists them), or a GigE Vision camera's "
+            "user id (DeviceUserID)."
         ),
     )
     detect_uri: str = Field(

@@ -173,8 +173,8 @@ class GenicamSource(Source):
         logger.info("camera %s: genicam %s open", c.name, self.state.device)
 
     def _find(self) -> aravis.ArvCamera:
-        """The camera by Aravis id or address, else by serial number or user id in the
-        device list."""
+        """The camera by Aravis id or address (and a GigE Vision camera by its user id:
+        Aravis's discovery answers carry it), else by serial number in the device list."""
         want = self.config.uri
         try:
             camera = aravis.ArvCamera(want)

@@ -4,7 +4,9 @@ second namespace where the agent's code runs (``ip netns exec``): the camera fou
 serial number through GigE Vision discovery (broadcast on the link), software triggers
 answered one frame each, the camera killed (reason word) and started again (recovery),
 and the link losing stream packets to nftables (lost packets and incomplete frames
-counted, no incomplete frame handed on)."""
+counted, no incomplete frame handed on). And a hardware-triggered camera found by its
+user id (the simulator on a link to this namespace, :mod:`hil.gige_camera`), which sends
+nothing while its line is idle: not a stall, and a camera gone meanwhile still noticed."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from agent.capture import Camera, CameraConfig
+from hil.gige_camera import GigeCamera
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,7 +203,8 @@ while time.monotonic() < deadline:
         break
 camera.stop(timeout_s=5)
 s = camera.stats()
-print(json.dumps({"published": s.frames_captured, "genicam": s.genicam,
+print(json.dumps({"published": s.frames_captured, "skipped": s.frames_skipped,
+                  "genicam": s.genicam,
                   "damage": dataclasses.asdict(s.damage)}))
 """
 
@@ -220,8 +226,10 @@ def test_a_lossy_link_is_counted_and_no_incomplete_frame_is_handed_on(
     assert g["missing_packets"] > 0, g
     assert g["incomplete_frames"] > 0, g
     assert g["incomplete_by_status"]["missing_packets"] > 0
-    # every frame handed on came complete: the published ones are the complete ones
-    assert out["published"] == g["frames"] >= 20
+    # every frame handed on came complete: the published ones are the complete ones (less
+    # any the camera skipped as closer than 1/fps to the last, by their camera times)
+    assert out["published"] + out["skipped"] == g["frames"]
+    assert out["published"] >= 20
     assert out["damage"]["damaged_frames"] == out["damage"]["skipped_frames"]
     assert out["damage"]["damaged_frames"] == g["incomplete_frames"]
 
@@ -277,3 +285,41 @@ def test_cameras_and_setup_find_the_gige_camera_by_broadcast_and_write_its_secti
     )  # fmt: skip
     assert missing.returncode != 0
     assert f"no GenICam camera 'NOSUCH' found (found: {SERIAL})" in missing.stderr
+
+
+def test_a_hardware_triggered_camera_found_by_its_user_id_is_not_stalled_by_an_idle_line(
+    tmp_path: Path,
+) -> None:
+    # The simulator in hardware trigger mode sends nothing: its input line stays idle.
+    stall_s = 0.5
+    with GigeCamera(serial="GVIDLE01", log=tmp_path / "camera.log") as gige:
+        gige.set_user_id("press-3")  # what an integrator names the camera (DeviceUserID)
+        camera = Camera(
+            CameraConfig.model_validate(
+                {
+                    "name": "hw", "kind": "genicam", "uri": "press-3",
+                    "trigger_mode": "hardware", "stall_timeout_s": stall_s,
+                    "backoff_initial_s": 0.1, "backoff_max_s": 0.5,
+                    "genicam": {"trigger_source": "Line0", "pixel_format": "Mono8"},
+                }
+            )
+        )  # fmt: skip
+        camera.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not camera.stats().genicam["read_back"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            opened = camera.stats()
+            assert opened.genicam["read_back"]["TriggerSource"] == "Line0", opened.last_error
+            assert opened.genicam["device"] == "Aravis Fake GVIDLE01"  # found by user id
+            time.sleep(6 * stall_s)  # idle for six stall timeouts
+            idle = camera.stats()
+            assert idle.frames_captured == 0
+            assert (idle.errors, idle.reopens, idle.failures) == (0, 0, {}), idle.last_error
+            gige.kill()  # unplugged while the line is idle: the agent's probe notices
+            deadline = time.monotonic() + 30
+            while camera.stats().failure == "" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert camera.stats().failure in ("timeout", "unreachable"), camera.stats()
+        finally:
+            camera.stop(timeout_s=5)
