@@ -191,7 +191,8 @@ demo: sysdeps $(STAMP) $(MODELS) $(NODESETS)
 # live latency, edge-agent run's recovery from a SIGKILLed hot path and companion (3 kills
 # of each, under a minute), and the console's decision review at 1,000,000 decisions
 # (SQLite, then PostgreSQL), and a station triggered by a simulated OPC UA and Modbus PLC
-# (trigger -> result as the PLC sees it against the bare model).
+# (trigger -> result as the PLC sees it against the bare model; then with a GigE Vision
+# camera fired by TriggerSoftware against the synthetic camera).
 bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/edge-runtime targets $(BENCH_MODEL) --rounds 5 --duration 3 --json .cache/bench.json
 	$(PY) -m hil.demo_assets --dir $(DEMO) --models .cache/models
@@ -201,6 +202,8 @@ bench: sysdeps $(STAMP) $(MODELS)
 	$(VENV)/bin/hil bench decode --json .cache/bench-decode.json
 	$(VENV)/bin/hil bench line --bundle $(DEMO)/bundles/text-cls --triggers 300 \
 	  --json .cache/bench-line.json
+	$(VENV)/bin/hil bench genicam-station --bundle $(DEMO)/bundles/text-cls --triggers 200 \
+	  --json .cache/bench-genicam-station.json
 	$(VENV)/bin/hil bench fleet --devices 1000 --duration 30 --json .cache/bench-fleet.json
 	$(VENV)/bin/hil bench fleet --devices 10000 --replicas 3 --shards 2 \
 	  --json .cache/bench-fleet-cluster.json

@@ -23,6 +23,9 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
 - ``line`` (:mod:`~hil.bench.line`, its PLCs in :mod:`~hil.bench.line_plcs`): a station
   triggered by a simulated OPC UA or Modbus PLC; trigger -> result as the PLC sees it
   against the bare model, deadlines, overruns and the agent's CPU per decision.
+- ``genicam-station`` (:mod:`~hil.bench.genicam_station`): the same station with a GigE
+  Vision camera fired by TriggerSoftware (the simulator on a link of its own), against
+  the synthetic camera in the same run.
 - ``alerts`` (:mod:`~hil.bench.alerts`): one evaluation of the fleet server's alert rules
   at 1,000 and 10,000 devices, SQLite and PostgreSQL: CPU and wall time.
 
@@ -39,5 +42,6 @@ BENCHES = {
     "decode": "hil.bench.decode",
     "alerts": "hil.bench.alerts",
     "line": "hil.bench.line",
+    "genicam-station": "hil.bench.genicam_station",
 }
 """``hil bench`` name -> the module whose ``main(argv)`` runs it."""
