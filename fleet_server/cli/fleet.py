@@ -33,18 +33,51 @@ MAX_RESPONSE = 16 * 1024 * 1024
 ACTIONS = ("pause", "resume", "approve", "cancel", "rollback")
 
 
+EXIT_USAGE = 2
+"""A command line fleetctl can't take (argparse's own code too)."""
+EXIT_UNREACHABLE = 3
+EXIT_UNAUTHORIZED = 4
+EXIT_NOT_FOUND = 5
+EXIT_CONFLICT = 6
+EXIT_REFUSED = 7
+EXIT_SERVER = 8
+EXIT_CODES = (
+    "exit codes: 0 done; 1 another answer; 2 usage, or the command's own error (a file,\n"
+    "  key or database it can't use);\n"
+    "  3 the server can't be reached; 4 not signed in or not allowed (401, 403: set\n"
+    f"  ${TOKEN_NAME}); 5 not found (404); 6 conflict (409: the state does not allow it);\n"
+    "  7 refused as asked (400, 413, 415, 422); 8 the server failed (5xx, or a bad answer)"
+)
+
+
 class ApiError(FleetError):
     """The fleet server can't be reached or refused a request.
 
     Attributes:
         status: the HTTP status (0 when there was no answer).
         detail: the server's reason, or what failed.
+        exit_code: fleetctl's exit status for it (:data:`EXIT_CODES`).
     """
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, *, exit_code: int | None = None) -> None:
         self.status = status
         self.detail = detail
+        self.exit_code = exit_code if exit_code is not None else _exit_code(status)
+        if status == 401:
+            detail += f" (set ${TOKEN_NAME}, or the file {TOKEN_NAME} in $CREDENTIALS_DIRECTORY)"
         super().__init__(f"fleet server: {status} {detail}" if status else detail)
+
+
+_BY_STATUS = {0: EXIT_UNREACHABLE, 401: EXIT_UNAUTHORIZED, 403: EXIT_UNAUTHORIZED,
+              404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT}  # fmt: skip
+
+
+def _exit_code(status: int) -> int:
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    if status >= 500:
+        return EXIT_SERVER
+    return EXIT_REFUSED if 400 <= status < 500 else 1
 
 
 class ApiClient:
@@ -53,7 +86,9 @@ class ApiClient:
     def __init__(self, server: str, token: str | None, timeout_s: float = TIMEOUT_S) -> None:
         parsed = urllib.parse.urlsplit(server)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ApiError(0, f"--server {server!r} is not an http:// or https:// URL")
+            raise ApiError(
+                0, f"--server {server!r} is not an http:// or https:// URL", exit_code=EXIT_USAGE
+            )
         self.base = server.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
@@ -89,11 +124,11 @@ class ApiClient:
         except (OSError, http.client.HTTPException) as exc:
             raise ApiError(0, f"{self.base}: {type(exc).__name__}: {exc}") from None
         if len(raw) > MAX_RESPONSE:
-            raise ApiError(0, f"{url}: answer over {MAX_RESPONSE} bytes")
+            raise ApiError(0, f"{url}: answer over {MAX_RESPONSE} bytes", exit_code=EXIT_SERVER)
         try:
             return json.loads(raw)
         except ValueError:
-            raise ApiError(0, f"{url}: the answer is not JSON") from None
+            raise ApiError(0, f"{url}: the answer is not JSON", exit_code=EXIT_SERVER) from None
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:
@@ -344,7 +379,7 @@ def cmd_rollouts_create(args: argparse.Namespace) -> int:
         try:
             policy = json.loads(Path(args.policy).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise ApiError(0, f"--policy {args.policy}: {exc}") from None
+            raise ApiError(0, f"--policy {args.policy}: {exc}", exit_code=EXIT_USAGE) from None
     if args.approval:
         policy["approval_between_waves"] = True
     shadow = {"shadow_s": args.shadow, "shadow_min": args.shadow_min,

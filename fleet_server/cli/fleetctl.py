@@ -23,7 +23,7 @@ from fleet_server.cli.alerts import add_alerts
 from fleet_server.cli.audit import add_audit
 from fleet_server.cli.bundle import add_bundle
 from fleet_server.cli.drift import add_drift
-from fleet_server.cli.fleet import add_fleet_commands
+from fleet_server.cli.fleet import EXIT_CODES, ApiError, add_fleet_commands
 from fleet_server.cli.repo import add_directive, add_keys, add_repo
 from fleet_server.cli.users import add_users_commands
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Operate an edgefleet fleet: signing keys, the bundle repository, "
         "model bundles, directives, devices, rollouts and users.",
         epilog="example:\n  fleetctl bundle init model.onnx --out bundles/my-model\n"
-        "  fleetctl bundle publish bundles/my-model --repo repo --keystore keys",
+        "  fleetctl bundle publish bundles/my-model --repo repo --keystore keys\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(logging.INFO if args.verbose else logging.WARNING)
     try:
         code: int = args.func(args)
+    except ApiError as exc:  # the fleet server's answer, or none: a code each (EXIT_CODES)
+        print(f"fleetctl: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
     except EdgefleetError as exc:
         message = " ".join(str(exc).split())
         print(f"fleetctl: error: {message}", file=sys.stderr)

@@ -35,17 +35,9 @@ from tests.fleet_server.fleet_api_support import (
 from tests.support.broker import free_port
 
 HARNESS = """
-import argparse, sys
-from fleet_server.cli.fleet import add_fleet_commands
-from fleet_server.errors import FleetError
-parser = argparse.ArgumentParser(prog="fleetctl")
-add_fleet_commands(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args(sys.argv[1:])
-try:
-    sys.exit(args.func(args))
-except FleetError as exc:
-    print("fleetctl: error: " + " ".join(str(exc).split()), file=sys.stderr)
-    sys.exit(2)
+import sys
+from fleet_server.cli.fleetctl import main
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -94,9 +86,11 @@ def ok(api: RunningApi, *args: str) -> str:
     return proc.stdout
 
 
-def fails(api: RunningApi, *args: str, **kw: str | None) -> str:
+def fails(api: RunningApi, *args: str, code: int, **kw: str | None) -> str:
+    """fleetctl's one-line error, checked to exit with ``code`` (fleetctl --help: 2 usage,
+    3 unreachable, 4 unauthorized, 5 not found, 6 conflict, 7 refused, 8 server)."""
     proc = fleetctl(api, *args, **kw)  # type: ignore[arg-type]
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stderr.startswith("fleetctl: error: ")
     assert proc.stderr.count("\n") == 1, proc.stderr
     return proc.stderr
@@ -154,7 +148,7 @@ def test_a_device_enrolled_but_never_connected_is_listed_pending_with_its_token_
     assert "device    cam-7  PENDING" in shown
     assert "enrolled, never connected" in shown
     assert f"token     token expires {timefmt.iso(expires)}" in shown
-    assert "enrolled but never connected" in fails(api, "telemetry", "cam-7")
+    assert "enrolled but never connected" in fails(api, "telemetry", "cam-7", code=5)
     _, csr = make_device_key_and_csr("cam-7")
     enrolled = http("POST", api.url + ENROLL_PATH, {"token": token, "csr": csr.decode()})
     assert enrolled.status == 200, enrolled.body
@@ -229,11 +223,11 @@ def test_rollouts_create_status_pause_and_a_refused_approve(api: RunningApi) -> 
     assert ok(api, "rollouts", "pause", rid, "--reason", "line stop").strip() == (
         f"pause: rollout {rid} is paused"
     )
-    refused = fails(api, "rollouts", "approve", rid)
+    refused = fails(api, "rollouts", "approve", rid, code=6)
     assert "409" in refused
     assert "cannot approve a rollout that is paused" in refused
     assert ok(api, "rollouts", "resume", rid).strip().endswith("is assigning")
-    bad = fails(api, "rollouts", "create", "--bundle", "tiny", "--select", "line=3")
+    bad = fails(api, "rollouts", "create", "--bundle", "tiny", "--select", "line=3", code=7)
     assert "400" in bad
     listed = ok(api, "rollouts", "list")
     assert listed.splitlines()[0].split() == ["ROLLOUT", "BUNDLE", "PHASE", "WAVE", "DONE"]
@@ -244,14 +238,16 @@ def test_rollouts_create_status_pause_and_a_refused_approve(api: RunningApi) -> 
     assert "phase     cancelled" in watched
 
 
-def test_errors_are_one_line_and_exit_2(api: RunningApi, tmp_path: Path) -> None:
-    assert "401" in fails(api, "devices", "list", token=WRONG_TOKEN)
-    assert "401" in fails(api, "devices", "list", token=None)
-    assert "404 no device 'ghost'" in fails(api, "devices", "show", "ghost")
-    assert "404" in fails(api, "rollouts", "status", "r-none")
+def test_errors_are_one_line_with_an_exit_code_of_their_kind(
+    api: RunningApi, tmp_path: Path
+) -> None:
+    assert "401" in fails(api, "devices", "list", code=4, token=WRONG_TOKEN)
+    assert "401" in fails(api, "devices", "list", code=4, token=None)
+    assert "404 no device 'ghost'" in fails(api, "devices", "show", "ghost", code=5)
+    assert "404" in fails(api, "rollouts", "status", "r-none", code=5)
     dead = f"http://127.0.0.1:{free_port()}"
-    assert "cannot reach" in fails(api, "devices", "list", "--server", dead)
-    assert "not an http" in fails(api, "devices", "list", "--server", "ftp://x")
+    assert "cannot reach" in fails(api, "devices", "list", "--server", dead, code=3)
+    assert "not an http" in fails(api, "devices", "list", "--server", "ftp://x", code=2)
     # the operator token may come from $CREDENTIALS_DIRECTORY, which wins over the variable
     creds = tmp_path / "creds"
     creds.mkdir()

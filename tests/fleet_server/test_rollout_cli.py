@@ -36,7 +36,7 @@ def test_rollouts_create_takes_the_shadow_and_accuracy_options(
     assert created["devices"][0]["status"] == "shadow-assigned"
     bad = fails(
         api, "rollouts", "create", "--bundle", "tiny@1.0.0", "--select", "line=3",
-        "--min-agreement", "1.5",
+        "--min-agreement", "1.5", code=7,
     )  # fmt: skip
     assert "400" in bad
     assert "min_agreement" in bad
@@ -58,7 +58,7 @@ def test_rollouts_resolve_shows_and_resolves_a_stuck_device(
     shown = ok(api, "rollouts", "status", rid)
     # d0 reported no bundle before the rollout: nothing to return it to, and it says so
     assert "stuck     d0: no bundle to return to: it reported none before the rollout" in shown
-    refused = fails(api, "rollouts", "resolve", rid, "d0", "--retry")
+    refused = fails(api, "rollouts", "resolve", rid, "d0", "--retry", code=6)
     assert "409" in refused
     assert "d0 has no bundle to return to" in refused
     assigned = ok(api, "rollouts", "resolve", rid, "d0", "--assign", "1")
