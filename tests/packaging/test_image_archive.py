@@ -117,10 +117,10 @@ def test_layer_holds_the_virtualenv_the_command_and_no_device_nodes(image: Image
 
 
 # A Debian bookworm root filesystem's top level (usr-merged: bin, lib, sbin are links).
-DEBIAN_TOP = set(
-    "bin boot dev etc home lib lib32 lib64 libx32 media mnt opt proc root run sbin srv sys tmp "
-    "usr var".split()
-)
+DEBIAN_TOP = {
+    "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt",
+    "opt", "proc", "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var",
+}  # fmt: skip
 
 
 def test_layer_carries_no_path_of_the_build_host_and_gnu_tar_reads_it(image: Image) -> None:

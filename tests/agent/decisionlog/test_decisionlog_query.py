@@ -102,10 +102,11 @@ def test_edge_agent_decisions_lists_the_decisions_on_one_part(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["id"] for r in rows] == [ids[6], ids[4]]
     assert {r["part_id"] for r in rows} == {"P-0001"}
+    # --json: the same lines as --format jsonl
     assert cli.main(["decisions", "--db", str(db), "--part-id", "P-0001", "--json"]) == 0
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [
         ids[6], ids[4]
-    ]  # fmt: skip  (--json: the same lines as --format jsonl)
+    ]  # fmt: skip
     assert cli.main(["decisions", "--db", str(db), "--station", "st-1", "--limit", "2"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:6] == [
