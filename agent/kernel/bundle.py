@@ -352,7 +352,7 @@ def init_bundle(
     try:
         out.mkdir(parents=True, exist_ok=True)
         fsync_dir(out.parent)
-        copied_sha, _ = copy_durable(model, out / model.name)
+        copied_sha, _ = copy_durable(model, out / model.name, mode=0o644)  # published, not secret
     except OSError as exc:
         raise BundleError(str(out), f"cannot write the bundle: {exc.strerror or exc}") from exc
     if copied_sha != sha:

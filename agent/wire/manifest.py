@@ -400,7 +400,9 @@ def manifest_bytes(manifest: BundleManifest) -> bytes:
 
 
 def dump_manifest(manifest: BundleManifest, bundle_dir: Path) -> Path:
-    """Write ``manifest`` durably as ``<bundle_dir>/manifest.json``; return its path.
+    """Write ``manifest`` durably as ``<bundle_dir>/manifest.json`` (mode 0644: a bundle
+    is published, not secret, and the services that read it run as their own users);
+    return its path.
 
     Raises:
         BundleError: the manifest is not valid, or the file can't be written.
@@ -409,7 +411,7 @@ def dump_manifest(manifest: BundleManifest, bundle_dir: Path) -> Path:
     # model_copy(update=...) skips validation: write only what load_manifest accepts.
     validate_manifest(manifest.model_dump(mode="json"), str(path))
     try:
-        write_durable(path, manifest_bytes(manifest))
+        write_durable(path, manifest_bytes(manifest), mode=0o644)
     except OSError as exc:
         raise BundleError(str(path), f"cannot write the manifest: {exc.strerror or exc}") from exc
     return path

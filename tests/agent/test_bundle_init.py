@@ -122,6 +122,11 @@ def test_init_on_onnx_classifier_reads_input_and_guesses_classification(
         MANIFEST_NAME,
         "ppocr_mobile_v2_cls.onnx",
     ]
+    # readable by the services' own users (a bundle is published, not secret)
+    assert {p.name: p.stat().st_mode & 0o777 for p in cls_bundle.path.iterdir()} == {
+        MANIFEST_NAME: 0o644,
+        "ppocr_mobile_v2_cls.onnx": 0o644,
+    }
 
 
 def test_onnx_bundle_runs_in_the_pool_like_the_bare_backend(cls_bundle: Bundle) -> None:
