@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agent.kernel.errors import EdgefleetError
+from fleet_server.api.actions import actions_router
 from fleet_server.api.alerts import alerts_router
 from fleet_server.api.audit import audit_router
 from fleet_server.api.bodylimit import BodyLimitMiddleware, body_limit_for
@@ -180,6 +181,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(enroll_router(ctx))
     app.include_router(login_router())
     app.include_router(devices_router(ctx), responses=unauthorized)
+    app.include_router(actions_router(ctx), responses=unauthorized)
     app.include_router(rollouts_router(ctx), responses=unauthorized)
     app.include_router(decisions_router(ctx), responses=unauthorized)
     app.include_router(quality_router(ctx), responses=unauthorized)

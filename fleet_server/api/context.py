@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 
 from fleet_server.alerts.board import AlertBoard
-from fleet_server.api.ports import RolloutOps
+from fleet_server.api.ports import DeviceActions, RolloutOps
 from fleet_server.broker import BrokerError, ManagedBroker
 from fleet_server.ca import FleetCA
 from fleet_server.cluster import Leadership, SingleReplica
@@ -60,6 +60,9 @@ class ServerContext:
     managed_brokers: dict[str, ManagedBroker] = field(default_factory=dict)
     slot: int = 0
     rollouts: RolloutOps | None = None
+    actions: DeviceActions | None = None
+    """Remote actions on devices (attached by the actions service; the API answers 503
+    on asking for one until it is)."""
     operator_token: str | None = None
     health: HealthRegistry = field(default_factory=HealthRegistry)
     leader: Leadership = field(default_factory=lambda: SingleReplica("single"))

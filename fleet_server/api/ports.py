@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
+from fleet_server.actions.store import ActionRecord
 from fleet_server.rollout.errors import RolloutError
 
 Action = Literal["pause", "resume", "approve", "cancel", "rollback"]
@@ -89,5 +90,21 @@ class RolloutOps(Protocol):
         Raises:
             RolloutError: it does not apply (not rolling back, device not stuck, ...).
             RolloutConflict: the rollout changed meanwhile (retry).
+        """
+        ...
+
+
+class DeviceActions(Protocol):
+    """What the API and the console need of the remote actions service
+    (:class:`fleet_server.actions.service.ActionService`); called from a worker thread."""
+
+    def request(
+        self, device_id: str, action: str, params: dict[str, Any], *, expires_s: int, by: str
+    ) -> ActionRecord:
+        """Sign, store and publish a request (``by``: who asked, kept with it).
+
+        Raises:
+            ActionError: 400 bad action, parameter or expiry; 404 no such device; 409 a
+                revoked device; 503 not signed or not sent.
         """
         ...

@@ -20,6 +20,8 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/enroll"): "device.enroll",
     ("POST", "/api/v1/devices/{device_id}/tokens"): "device.token",
     ("POST", "/api/v1/devices/{device_id}/revoke"): "device.revoke",
+    ("POST", "/api/v1/devices/{device_id}/actions"): "device.action",
+    ("POST", "/ui/devices/{device_id}/actions"): "device.action",
     ("POST", "/api/v1/rollouts"): "rollout.create",
     ("POST", "/ui/rollouts"): "rollout.create",
     ("POST", "/api/v1/rollouts/{rollout_id}/{action}"): "rollout.{action}",

@@ -10,6 +10,8 @@ permission         allows
 fleet:read         devices, telemetry, bundles and rollouts: read only
 rollouts:write     create a rollout; pause, resume, approve, cancel, roll back
 devices:write      enrollment tokens, revocation
+devices:act        remote actions on a device (logs, restart, reload, diagnostics),
+                   and what they sent back
 bundles:write      publish or withdraw bundle releases
 decisions:review   confirm or override a device's decision
 decisions:export   export decisions
@@ -28,6 +30,7 @@ Permission = Literal[
     "fleet:read",
     "rollouts:write",
     "devices:write",
+    "devices:act",
     "bundles:write",
     "decisions:review",
     "decisions:export",

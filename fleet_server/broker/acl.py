@@ -6,7 +6,7 @@ is listed here, topic by topic, from :mod:`agent.wire.topics`; nothing else is g
 (no ``#`` under a device, no ``$SYS``). The fleet server's own identity (``fleet-server``:
 tools, benches, the HIL harness) may read and write the whole fleet tree; each fleet
 service (:mod:`fleet_server.broker.identity`: ``fleet:files``, ``fleet:rollouts``,
-``fleet:ingest-<i>``) gets only the topics it uses.
+``fleet:actions``, ``fleet:ingest-<i>``) gets only the topics it uses.
 
 Mosquitto 2.0.11's ACL file does not check subscriptions (every SUBACK grants) and checks
 read access at delivery: a device may subscribe to ``#`` and receives nothing of others'.
@@ -34,14 +34,21 @@ DEVICE_WRITES: tuple[Callable[[str], str], ...] = (
     topics.fetch_request,
     topics.availability,
     topics.install_state,
+    topics.action_result,
+    topics.action_chunk,
 )
 """Topics a device publishes to, in its own subtree."""
 
 DEVICE_READS: tuple[Callable[[str], str], ...] = (
     topics.directive,
     topics.fetch_response,
+    topics.action_request,
 )
 """Topics a device subscribes to, in its own subtree."""
+
+
+ACTION_ANSWERS: tuple[Callable[[str], str], ...] = (topics.action_result, topics.action_chunk)
+"""What a device answers a remote action with: read by the actions service, not ingest."""
 
 
 def device_rules() -> list[str]:
@@ -89,7 +96,13 @@ def service_grant(service: str) -> ServiceGrant:
         )
     if kind == identity.ROLLOUTS:
         return ServiceGrant(service, writes=(topics.device_filter(topics.directive),))
-    reports = (t for t in DEVICE_WRITES if t is not topics.fetch_request)
+    if kind == identity.ACTIONS:
+        return ServiceGrant(
+            service,
+            reads=tuple(topics.device_filter(t) for t in ACTION_ANSWERS),
+            writes=(topics.device_filter(topics.action_request),),
+        )
+    reports = (t for t in DEVICE_WRITES if t not in (topics.fetch_request, *ACTION_ANSWERS))
     return ServiceGrant(service, reads=tuple(topics.device_filter(t) for t in reports))
 
 

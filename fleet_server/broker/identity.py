@@ -4,10 +4,11 @@ The managed Mosquitto takes a client's certificate CN as its user name, and with
 ``clientid_is_identity`` as its client id too (``use_username_as_clientid``): then no
 client can take over another's session by reusing its client id, and every connection
 needs its own certificate. The fleet's services hold one each: ``fleet:files`` (the
-bundle file server), ``fleet:rollouts`` (the rollout publisher), ``fleet:ingest-<i>``
-(ingest worker ``i``, a stable CN: its persistent session survives a restart). The
-``:`` keeps these names apart from every device id (:func:`agent.wire.topics.is_device_id`
-refuses it, and so does the CA for a device).
+bundle file server), ``fleet:rollouts`` (the rollout publisher), ``fleet:actions``
+(remote actions: the signed requests out, the devices' answers and chunks in),
+``fleet:ingest-<i>`` (ingest worker ``i``, a stable CN: its persistent session survives
+a restart). The ``:`` keeps these names apart from every device id
+(:func:`agent.wire.topics.is_device_id` refuses it, and so does the CA for a device).
 
 Several replicas of the fleet server connect to the same brokers, and a broker that
 forces the client id to the CN would hand one replica's sessions to the other. So each
@@ -21,7 +22,8 @@ ACL file grants every subscription and checks read access only at delivery, so a
 that names the group takes a share of every device's messages (which it may not read:
 they are dropped). The group name is therefore a secret: generated here (128 bits),
 kept in the server's state directory, never sent to a device. The file servers of all
-replicas share the fetch requests the same way, on a secret group of their own. See
+replicas share the fetch requests the same way, on a secret group of their own, and the
+actions services the devices' answers on a third. See
 ``docs/adr/0005-broker-identity-and-limits.md``.
 """
 
@@ -37,11 +39,14 @@ from fleet_server.repository._files import make_dirs, write_durable
 
 FILES = "files"
 ROLLOUTS = "rollouts"
+ACTIONS = "actions"
 INGEST = "ingest"
 GROUP_FILE = "ingest-group"
 """The file under the server's state directory that keeps the generated group name."""
 FILES_GROUP_FILE = "files-group"
 """The same for the file servers' group."""
+ACTIONS_GROUP_FILE = "actions-group"
+"""The same for the remote actions services' group (devices' answers and chunks)."""
 GROUP_BYTES = 16
 """Random bytes in a generated group name (128 bits)."""
 MIN_GROUP_CHARS = 16
@@ -109,6 +114,7 @@ def services_for(ingest_workers: int, slot: int = 0) -> list[str]:
     return [
         slot_service(FILES, slot),
         slot_service(ROLLOUTS, slot),
+        slot_service(ACTIONS, slot),
         *(ingest_service(i, slot) for i in range(ingest_workers)),
     ]
 
@@ -119,17 +125,20 @@ def slots_services(ingest_workers: int, slots: int) -> list[str]:
 
 
 def service_kind(service: str) -> str:
-    """``files``, ``rollouts`` or ``ingest``: what service ``service`` of any slot is.
+    """``files``, ``rollouts``, ``actions`` or ``ingest``: what service ``service`` of
+    any slot is.
 
     Raises:
         ValueError: not a fleet service name of any slot.
     """
     kind = service.split("-", 1)[0]
-    if kind in (FILES, ROLLOUTS) and re.fullmatch(rf"{kind}(?:-r[1-9][0-9]*)?", service):
+    if kind in (FILES, ROLLOUTS, ACTIONS) and re.fullmatch(rf"{kind}(?:-r[1-9][0-9]*)?", service):
         return kind
     if kind == INGEST and re.fullmatch(r"ingest(?:-r[1-9][0-9]*)?-[0-9]+", service):
         return kind
-    raise ValueError(f"{service!r} is not a fleet service (files, rollouts, ingest-<i>, -r<slot>)")
+    raise ValueError(
+        f"{service!r} is not a fleet service (files, rollouts, actions, ingest-<i>, -r<slot>)"
+    )
 
 
 def identity_paths(identity_dir: Path, service: str) -> tuple[Path, Path]:
@@ -195,6 +204,17 @@ def files_group(state_dir: Path) -> str:
     return _kept_group(state_dir / FILES_GROUP_FILE, FILES)
 
 
+def actions_group(state_dir: Path) -> str:
+    """The remote actions services' shared-subscription group (``$share/<group>/...`` on
+    the devices' answers and chunks: each is stored once, by one replica). A secret like
+    the ingest group, kept in ``state_dir/actions-group``.
+
+    Raises:
+        IdentityError: the kept name is unreadable or malformed, or can't be written.
+    """
+    return _kept_group(state_dir / ACTIONS_GROUP_FILE, ACTIONS)
+
+
 def _kept_group(path: Path, prefix: str) -> str:
     state_dir = path.parent
     try:
@@ -217,6 +237,8 @@ def _kept_group(path: Path, prefix: str) -> str:
 
 
 __all__ = [
+    "ACTIONS",
+    "ACTIONS_GROUP_FILE",
     "FILES",
     "FILES_GROUP_FILE",
     "GROUP_FILE",
@@ -224,6 +246,7 @@ __all__ = [
     "ROLLOUTS",
     "SERVICE_PREFIX",
     "IdentityError",
+    "actions_group",
     "files_group",
     "guessable_group",
     "identity_paths",

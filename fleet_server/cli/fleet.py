@@ -101,10 +101,29 @@ class ApiClient:
         Raises:
             ApiError: no answer, an error status (with the server's detail), or not JSON.
         """
+        raw, _ = self.raw(method, path, body, query)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(0, f"{path}: the answer is not JSON", exit_code=EXIT_SERVER) from None
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        accept: str = "application/json",
+    ) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of ``method /api/v1<path>`` (a log's text, an archive).
+
+        Raises:
+            ApiError: no answer, an error status (with the server's detail), or too large.
+        """
         url = f"{self.base}/api/v1{path}"
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -115,6 +134,7 @@ class ApiClient:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
                 raw = resp.read(MAX_RESPONSE + 1)
+                answer_headers = dict(resp.headers)
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, _detail(exc)) from None
         except urllib.error.URLError as exc:
@@ -125,10 +145,7 @@ class ApiClient:
             raise ApiError(0, f"{self.base}: {type(exc).__name__}: {exc}") from None
         if len(raw) > MAX_RESPONSE:
             raise ApiError(0, f"{url}: answer over {MAX_RESPONSE} bytes", exit_code=EXIT_SERVER)
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise ApiError(0, f"{url}: the answer is not JSON", exit_code=EXIT_SERVER) from None
+        return raw, answer_headers
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:
@@ -516,16 +533,19 @@ def _group(commands: Any, name: str, help_text: str, example: str) -> Any:
     return group.add_subparsers(dest="action", required=True, metavar="ACTION")
 
 
-def add_fleet_commands(commands: Any) -> None:
+def add_fleet_commands(commands: Any) -> Any:
     """Add ``devices``, ``telemetry``, ``rollouts`` and ``db`` (:mod:`fleet_server.cli.db`,
-    on the database directly) to fleetctl's sub-parsers."""
+    on the database directly) to fleetctl's sub-parsers; returns the ``devices`` group's
+    sub-parsers (:mod:`fleet_server.cli.actions` adds the remote actions there)."""
     common = _common()
     devices = _group(
         commands,
         "devices",
-        "devices of the fleet: enroll, list, show, revoke",
+        "devices of the fleet: enroll, list, show, revoke; logs, restart, reload, diagnostics",
         "examples:\n  fleetctl devices enroll cam-07 --labels line=3 --profile x86-gateway\n"
-        "  fleetctl devices list --select line=3",
+        "  fleetctl devices list --select line=3\n"
+        "  fleetctl devices logs cam-07 --since 1h --grep camera\n"
+        "  fleetctl devices diagnostics cam-07",
     )
     enroll = devices.add_parser("enroll", parents=[common], help="issue a one-time token")
     enroll.add_argument("device", help="device id (the CN of its certificate)")
@@ -621,3 +641,4 @@ def add_fleet_commands(commands: Any) -> None:
     resolve.add_argument("--reason", default="", help="why (kept in the rollout's events)")
     resolve.set_defaults(func=cmd_rollouts_resolve)
     add_db(commands)
+    return devices

@@ -19,6 +19,7 @@ import sys
 from agent.kernel.cliversion import add_version
 from agent.kernel.errors import EdgefleetError
 from fleet_server.cli import logs
+from fleet_server.cli.actions import add_action_commands
 from fleet_server.cli.alerts import add_alerts
 from fleet_server.cli.audit import add_audit
 from fleet_server.cli.bundle import add_bundle
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_repo(commands)
     add_bundle(commands)
     add_directive(commands)
-    add_fleet_commands(commands)
+    add_action_commands(add_fleet_commands(commands))
     add_drift(commands)
     add_users_commands(commands)
     add_audit(commands)

@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     """The services ``serve`` starts with the server: the ingest workers, the file
     server, the rollout service (which also answers the API's rollout endpoints), the
-    drift job, retention, and alerts."""
-    from fleet_server.alerts.runner import AlertRunner  # noqa: PLC0415 - each command imports its own
+    remote actions service, the drift job, retention, and alerts."""
+    from fleet_server.actions.service import ActionService  # noqa: PLC0415 - each command imports its own
+    from fleet_server.alerts.runner import AlertRunner  # noqa: PLC0415
     from fleet_server.jobs import (  # noqa: PLC0415
         DriftRunner,
         RolloutRunner,
@@ -59,7 +60,10 @@ def services_for(config: FleetServerConfig) -> list[ServiceFactory]:
     from fleet_server.services import FileService, IngestService  # noqa: PLC0415
 
     del config
-    return [IngestService, FileService, RolloutRunner, DriftRunner, RetentionRunner, AlertRunner]
+    return [
+        IngestService, FileService, RolloutRunner, ActionService, DriftRunner, RetentionRunner,
+        AlertRunner,
+    ]  # fmt: skip
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -468,3 +468,58 @@ alert_deliveries = sa.Table(
 """One POST owed to a webhook: an alert's ``firing`` or ``resolved`` event, written in the
 transaction that fired or resolved it; ``pending`` until a 2xx (``delivered``) or
 ``[alerts.delivery] attempts`` failures (``dead``: the dead letters)."""
+
+# -- remote actions (fleet_server.actions, docs/device-logs-and-actions.md) -----------------
+
+device_actions = sa.Table(
+    "device_actions",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("counter", sa.BigInteger, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("params", json_type(), nullable=False),
+    sa.Column("requested_by", sa.Text, nullable=False),
+    sa.Column("requested_at", TS, nullable=False),
+    sa.Column("expires_at", TS, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("detail", json_type(), nullable=False),
+    sa.Column("answered_at", TS),
+    sa.Column("chunks", sa.BigInteger, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.UniqueConstraint("device_id", "counter"),
+    sa.Index(None, "device_id", "requested_at"),
+    sa.Index(None, "requested_at"),
+)
+"""One remote action an operator asked of a device (logs, restart, reload, diagnostics):
+what was signed (``counter``: the device's action counter, ``expires_at``), who asked,
+and the device's newest answer (``status``: pending until the device answers, then
+accepted, running, ok, refused or failed; ``superseded`` when the device answered a
+newer request without ever seeing this one; ``chunks``, ``bytes``, ``sha256``: what
+the final answer says was sent)."""
+
+action_chunks = sa.Table(
+    "action_chunks",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True),
+    sa.Column("device_id", sa.Text, nullable=False),
+    sa.Column("encoding", sa.Text, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    sa.Column("received_at", TS, nullable=False),
+    sa.Index(None, "received_at"),
+)
+"""What a remote action collected, in the device's chunks (log lines as UTF-8, the
+diagnostics archive as its bytes), once each; pruned on a shorter budget than the
+requests."""
+
+action_counters = sa.Table(
+    "action_counters",
+    metadata,
+    sa.Column("device_id", sa.Text, primary_key=True),
+    sa.Column("counter", sa.BigInteger, nullable=False),
+)
+"""The last action counter signed for each device (never lowered, never pruned: a
+counter is never signed twice for a device)."""

@@ -81,6 +81,21 @@ class AlertsBudget(Section):
     )
 
 
+class DeviceActionsBudget(Section):
+    """``device_actions``: remote actions asked of devices and their answers."""
+
+    max_age_days: float | None = _age(30.0, "remote action")
+    max_rows: int | None = _rows(100_000, "remote action")
+
+
+class ActionChunksBudget(Section):
+    """``action_chunks``: what remote actions brought back (log lines, diagnostics
+    archives, up to 32 KiB a row): the bulk of remote actions, kept shorter."""
+
+    max_age_days: float | None = _age(7.0, "remote action chunk")
+    max_rows: int | None = _rows(20_000, "remote action chunk")
+
+
 class TelemetryBudget(Section):
     """``telemetry``: health samples (``devices.health`` keeps the newest)."""
 
@@ -218,6 +233,15 @@ class RetentionSection(Section):
     alerts: AlertsBudget = Field(
         default_factory=AlertsBudget,
         description="Resolved alerts and their deliveries (default 180 days, 100,000 rows).",
+    )
+    device_actions: DeviceActionsBudget = Field(
+        default_factory=DeviceActionsBudget,
+        description="Remote actions and their answers (default 30 days, 100,000 rows).",
+    )
+    action_chunks: ActionChunksBudget = Field(
+        default_factory=ActionChunksBudget,
+        description="Log lines and diagnostics archives they brought back (default 7 days, "
+        "20,000 chunks of at most 32 KiB).",
     )
     quarantine: QuarantineBudget = Field(
         default_factory=QuarantineBudget,

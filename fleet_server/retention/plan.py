@@ -37,6 +37,8 @@ BUDGETED = {
     "quarantine": "quarantine",
     "audit_log": "audit_log",
     "alerts": "alerts",
+    "device_actions": "device_actions",
+    "action_chunks": "action_chunks",
 }
 """Tables with an age / row budget, in pruning order, and their ``[retention]`` field
 (decisions before their images, so an image goes in its decision's transaction)."""

@@ -30,6 +30,8 @@ TIME_COLUMNS: dict[str, sa.Column[Any]] = {
     "quarantine": t.quarantine.c.received_at,
     "audit_log": t.audit_log.c.ts,
     "alerts": t.alerts.c.resolved_at,  # NULL while firing: never before a cutoff
+    "device_actions": t.device_actions.c.requested_at,
+    "action_chunks": t.action_chunks.c.received_at,
     SESSIONS: t.user_sessions.c.expires_at,
     TOKENS: t.enrollment_tokens.c.expires_at,
 }

@@ -136,16 +136,18 @@ def test_serve_runs_tls_mosquitto_and_the_api_and_stops_on_sigterm(
     assert {n: s["ok"] for n, s in services.items()} == {
         "files": True,
         "rollouts": True,
+        "actions": True,
         "ingest-0": True,
         "drift": True,
         "cluster": True,
         "retention": True,
+        "alerts": True,
     }
     files = services["files"]["detail"]
     assert files["thread_alive"] is True
     assert files["connected"] is True
     # each service connects as itself: a certificate of its own, CN fleet:<service>
-    for service in ("files", "rollouts", "ingest-0"):
+    for service in ("files", "rollouts", "actions", "ingest-0"):
         cert = x509.load_pem_x509_certificate(
             (state / "identity" / f"svc-{service}.crt").read_bytes()
         )

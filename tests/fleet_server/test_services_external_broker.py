@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet_server.actions.service import ActionService
 from fleet_server.broker import ManagedBroker, MosquittoConfig, identity
 from fleet_server.ca import FleetCA
 from fleet_server.jobs import RolloutRunner
@@ -76,11 +77,12 @@ def test_services_run_on_an_external_broker_with_the_one_configured_certificate(
         },
     }
     cfg = api_config(state, repo, keystore, broker=broker)
-    server = FleetServer(cfg, services=[IngestService, FileService, RolloutRunner])
+    server = FleetServer(cfg, services=[IngestService, FileService, RolloutRunner, ActionService])
     server.start()
     try:
         parts = server.context.health.check()
         assert {n: p.ok for n, p in parts.items()} == {
+            "actions": True,
             "cluster": True,
             "files": True,
             "ingest-0": True,

@@ -187,13 +187,18 @@ def test_replicas_claim_distinct_slots_and_a_released_slot_is_taken_again(
 
 def test_every_slot_has_its_own_service_identities_and_the_acl_grants_them() -> None:
     names = identity.slots_services(ingest_workers=2, slots=3)
-    assert len(set(names)) == len(names) == 12
-    assert identity.services_for(2, 0) == ["files", "rollouts", "ingest-0", "ingest-1"]
-    assert identity.services_for(1, 2) == ["files-r2", "rollouts-r2", "ingest-r2-0"]
+    assert len(set(names)) == len(names) == 15
+    assert identity.services_for(2, 0) == ["files", "rollouts", "actions", "ingest-0", "ingest-1"]
+    assert identity.services_for(1, 2) == ["files-r2", "rollouts-r2", "actions-r2", "ingest-r2-0"]
     text = acl_text("fleet-server", names)
     for name in names:
         assert f"user {identity.service_cn(name)}\n" in text
     assert "user fleet:files-r2\ntopic read edgefleet/devices/+/fetch/request\n" in text
-    for bad in ("files-0", "ingest", "ingest-r0-1", "rollouts-x", "ingest-r1"):
+    assert (
+        "user fleet:actions-r2\ntopic read edgefleet/devices/+/actions/result\n"
+        "topic read edgefleet/devices/+/actions/chunk\n"
+        "topic write edgefleet/devices/+/actions/request\n" in text
+    )
+    for bad in ("files-0", "ingest", "ingest-r0-1", "rollouts-x", "ingest-r1", "actions-1"):
         with pytest.raises(ValueError, match="not a fleet service"):
             identity.service_kind(bad)
