@@ -252,7 +252,8 @@ class LinePlc:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.ident is not None:  # started: a demo that failed before may not have
+            self._thread.join(10)
 
     def _run(self) -> None:
         n = 0
