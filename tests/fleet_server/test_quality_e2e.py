@@ -148,13 +148,16 @@ class Fleet:
         assert answer.status == 201, answer.body
         return str(answer.body["rollout_id"])
 
-    def start_agent(self, device: str, video: str) -> None:
-        home = self.root / device
-        config = home / "agent.toml"
+    def write_config(self, device: str, video: str) -> Path:
+        """``device``'s agent.toml, deciding on the video ``video``."""
+        config = self.root / device / "agent.toml"
         config.write_text(
             f'[agent]\ndevice_id = "{device}"\nstate_dir = "state"\nprofile = "{PROFILE}"\n'
             "[runtime]\nworkers = 1\npin = false\n[http]\nport = 0\n"
             "[uplink]\nenabled = true\nheartbeat_interval_s = 0.5\nhealth_interval_s = 1.0\n"
+            # the gates wait on uploads: shadow comparisons and drift buckets (10 s apart
+            # by default), decisions (2 s)
+            "quality_interval_s = 1.0\ndecisions_interval_s = 0.5\n"
             "[bundles]\nenabled = true\n"
             "installer = { health_window_s = 2.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"
             '[decision_log]\nthumbnails = "none"\n'  # the gates read records, not images
@@ -165,7 +168,11 @@ class Fleet:
             f'[[pipelines]]\nname = "p"\nsource = "c1"\ninstalled = "cls"\n'
             f'bundle = "{self.fallback}"\n'
         )
-        log = (home / "agent.log").open("ab")
+        return config
+
+    def start_agent(self, device: str, video: str) -> None:
+        config = self.write_config(device, video)
+        log = (self.root / device / "agent.log").open("ab")
         self.agents[device] = subprocess.Popen(
             [str(BIN / "edge-agent"), "run", "--config", str(config)],
             stdout=log,
@@ -243,8 +250,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 {"labels": {"line": line}, "profile": PROFILE},
                 token=OPERATOR_TOKEN,
             ).body["token"]
-            state.start_agent(device, "normal")
-            state.stop_agent(device)  # the config exists now: enroll it, then run
+            state.write_config(device, "normal")  # enroll it, then run
             enrolled = subprocess.run(
                 [
                     str(BIN / "edge-agent"),
