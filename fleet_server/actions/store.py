@@ -264,6 +264,41 @@ def received(bind: Bind, request_id: str) -> Received:
     return Received(int(row[0]), int(row[1]), int(row[2]))
 
 
+def list_with_received(
+    bind: Bind, device_id: str, *, limit: int = 20
+) -> list[tuple[ActionRecord, Received]]:
+    """The device's requests, newest first, each with what the fleet holds of its
+    chunks: one statement (the console's device page)."""
+    c = action_chunks.c
+    got = (
+        sa.select(
+            c.request_id.label("rid"),
+            sa.func.count().label("n"),
+            sa.func.sum(sa.func.length(c.data)).label("size"),
+            sa.func.max(c.seq).label("last"),
+        )
+        .where(c.device_id == device_id)
+        .group_by(c.request_id)
+        .subquery()
+    )
+    query = (
+        sa.select(device_actions, got.c.n, got.c.size, got.c.last)
+        .select_from(device_actions.outerjoin(got, got.c.rid == device_actions.c.request_id))
+        .where(device_actions.c.device_id == device_id)
+        .order_by(device_actions.c.requested_at.desc(), device_actions.c.counter.desc())
+        .limit(max(1, min(limit, MAX_LIST)))
+    )
+    with reading(bind) as conn:
+        rows = conn.execute(query).all()
+    return [
+        (
+            _record(r),
+            Received(int(r.n or 0), int(r.size or 0), -1 if r.last is None else int(r.last)),
+        )
+        for r in rows
+    ]
+
+
 def read_chunks(bind: Bind, request_id: str, *, after: int = -1) -> list[tuple[int, bytes]]:
     """``(seq, data)`` of the request's chunks after ``after``, in order."""
     c = action_chunks.c

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleet_server.auth.deps import Principal
 from fleet_server.web.pages import PREFIX, Console, PageError, Pages, signed_in
+from fleet_server.web.routes_actions import actions_router
 from fleet_server.web.routes_alerts import alerts_router
 from fleet_server.web.routes_audit import audit_router
 from fleet_server.web.routes_drift import drift_router
@@ -98,6 +99,7 @@ def install_console(app: FastAPI, ctx: ServerContext) -> None:
         _assets_router(console),
         login_router(console),
         fleet_router(console),
+        actions_router(console),
         rollouts_router(console),
         drift_router(console),
         alerts_router(console),

@@ -23,6 +23,7 @@ from fleet_server.web.bundles import Release
 from fleet_server.web.charts import PALETTE, Stack, line_chart, stacked_bars
 from fleet_server.web.health import LEVELS, Glance, glance
 from fleet_server.web.pages import PREFIX, Console, PageError, signed_in
+from fleet_server.web.routes_actions import live_rows, recent_rows
 from fleet_server.web.routes_drift import drifted_lines
 from fleet_server.web.series import health_charts
 
@@ -203,6 +204,9 @@ def fleet_router(console: Console) -> APIRouter:
             "spans": list(RANGES),
             "drift": drifted_lines(engine).get(device.labels.get("line", ""), []),
         }
+        actions = recent_rows(engine, device_id)
+        values |= {"actions": actions, "actions_live": live_rows(actions),
+                   "can_act": user.can("devices:act")}  # fmt: skip
         return console.render(request, "device.html", values, user=user)
 
     @router.get("/bundles")

@@ -33,6 +33,8 @@ from tests.fleet_server.fleet_api_support import (
     http,
     make_repository,
 )
+from tests.fleet_server.web.console_http_support import Client
+from tests.fleet_server.web.console_server import PASSWORD as CONSOLE_PASSWORD
 from tests.support.broker import free_port
 
 BIN = Path(sys.executable).parent
@@ -237,3 +239,52 @@ def test_bad_requests_are_refused_naming_what_is_wrong(fleet: Fleet) -> None:
         assert why in answer.body["detail"]
     assert fleet.call("POST", "/api/v1/devices/nobody/actions", {"action": "logs"}).status == 404
     assert fleet.call("GET", f"{path}/act-00000000000000000000").status == 404
+
+
+def test_the_console_asks_shows_states_the_logs_tab_and_serves_the_archive(fleet: Fleet) -> None:
+    if fleet.proc is None:
+        fleet.start_agent()
+    engine = fleet.server.context.engine
+    add_user(engine, PasswordHasher(), "olga", "operator", CONSOLE_PASSWORD)
+    add_user(engine, PasswordHasher(), "vera", "viewer", CONSOLE_PASSWORD)
+    olga = Client(fleet.url)
+    assert olga.login("olga").status == 303
+    page = olga.get(f"/ui/devices/{DEVICE}")
+    assert page.status == 200
+    assert 'data-testid="action-restart"' in page.text
+    csrf = page.field("csrf_token")
+    asked = olga.post(
+        f"/ui/devices/{DEVICE}/actions", {"csrf_token": csrf, "action": "diagnostics"}
+    )
+    assert asked.status == 303, asked.text
+    rid = asked.headers["location"].split("asked=")[1].split("#")[0]
+    assert _done(fleet, rid)["state"] == "ok"
+    part = olga.get(f"/ui/devices/{DEVICE}/actions/live")
+    row = part.text.split(f'data-request="{rid}"')[1].split("</tr>")[0]
+    assert '<span class="badge st-done" data-testid="action-state">ok</span>' in row
+    link = f"/ui/devices/{DEVICE}/actions/{rid}/archive"
+    assert link in row
+    archive = olga.request("GET", link)
+    assert archive.status == 200
+    assert archive.headers["content-type"] == "application/gzip"
+    assert archive.headers["content-disposition"].startswith('attachment; filename="diagnostics-')
+    form = {"csrf_token": csrf, "action": "logs", "since": "1h", "grep": "listening", "lines": "20"}
+    asked = olga.post(f"/ui/devices/{DEVICE}/actions", form)
+    assert asked.status == 303
+    logs_url = asked.headers["location"]
+    assert logs_url.startswith(f"/ui/devices/{DEVICE}/logs?request=act-")
+    _done(fleet, logs_url.split("request=")[1])
+    tab = olga.get(logs_url)
+    assert 'data-testid="logs-state">ok<' in tab.text
+    text = tab.text.split('data-testid="log-text">')[1].split("</pre>")[0]
+    assert "remote actions: listening" in text
+    vera = Client(fleet.url)
+    assert vera.login("vera").status == 303
+    seen = vera.get(f"/ui/devices/{DEVICE}")
+    assert 'data-testid="action-restart"' not in seen.text
+    assert "needs the devices:act permission" in seen.text
+    refused = vera.post(f"/ui/devices/{DEVICE}/actions",
+                        {"csrf_token": seen.field("csrf_token"), "action": "restart"})  # fmt: skip
+    assert refused.status == 403
+    assert vera.get(link).status == 403
+    assert "log-text" not in vera.get(logs_url).text
