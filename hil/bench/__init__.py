@@ -28,6 +28,9 @@ Each bench runs as ``hil bench NAME [flags]`` (or ``python -m hil.bench.NAME``):
   the synthetic camera in the same run.
 - ``alerts`` (:mod:`~hil.bench.alerts`): one evaluation of the fleet server's alert rules
   at 1,000 and 10,000 devices, SQLite and PostgreSQL: CPU and wall time.
+- ``remote`` (:mod:`~hil.bench.remote`): what device logs and remote actions cost a
+  device: idle CPU with and without them, and per action the companion's CPU, the wall
+  time and the bytes it sent.
 
 The demo's video and bundles the benches run on come from :mod:`hil.demo_assets`.
 """
@@ -41,6 +44,7 @@ BENCHES = {
     "retention": "hil.bench.retention",
     "decode": "hil.bench.decode",
     "alerts": "hil.bench.alerts",
+    "remote": "hil.bench.remote",
     "line": "hil.bench.line",
     "genicam-station": "hil.bench.genicam_station",
 }
