@@ -124,11 +124,12 @@ class PgCluster:
     def url(self, dbname: str) -> str:
         return f"postgresql+psycopg://{SUPERUSER}@{HOST}:{self.port}/{dbname}"
 
-    def create_database(self, prefix: str = "test") -> str:
-        """A new empty database; returns its SQLAlchemy URL."""
+    def create_database(self, prefix: str = "test", template: str = "template0") -> str:
+        """A new database, empty or a copy of the database ``template`` (which no session
+        may be connected to); returns its SQLAlchemy URL."""
         name = f"{prefix}_{os.getpid()}_{next(self._names)}"
         with psycopg.connect(self.admin_dsn(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return self.url(name)
 
     def drop_database(self, url: str) -> None:

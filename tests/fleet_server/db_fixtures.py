@@ -1,15 +1,24 @@
 """Fixtures for the fleet storage tests: every test runs on SQLite and on PostgreSQL.
 
 ``pg_cluster`` is one PostgreSQL cluster per session (a failure to start it fails the
-tests, never skips them); ``db_url`` is a fresh empty database per test (a file for
-SQLite, ``CREATE DATABASE`` for PostgreSQL); ``db`` is an engine on it, migrated.
+tests, never skips them); ``db_url`` is a fresh database per test (a file for SQLite,
+``CREATE DATABASE`` for PostgreSQL), empty unless the test asks for ``db`` too; ``db`` is
+an engine on it, migrated.
 A test module loads them with ``pytest_plugins = ["tests.fleet_server.db_fixtures"]``.
+
+Where a test asks for ``db``, ``db_url``'s fresh database is a copy of one migrated to
+head once per session (SQLite's file copied, PostgreSQL's ``CREATE DATABASE ... TEMPLATE``):
+the same schema as migrating it anew, without running every migration for each of the
+hundreds of tests that only need the schema; ``db`` still opens it with the product's
+``open_database`` (its integrity check, and an upgrade with nothing left to do). The
+migrations themselves run on an empty ``db_url`` (tests/fleet_server/test_db_migrations.py).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.synchronize
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,14 +42,46 @@ def pg_cluster() -> Iterator[PgCluster]:
         stop_cluster(cluster)
 
 
+@pytest.fixture(scope="session")
+def _sqlite_at_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An SQLite fleet database migrated to head, to copy."""
+    path = tmp_path_factory.mktemp("sqlite-at-head") / "fleet.db"
+    open_database(sqlite_url(path)).dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def _pg_at_head(pg_cluster: PgCluster) -> str:
+    """The name of a PostgreSQL database migrated to head, to copy (no connection to it
+    stays open: ``CREATE DATABASE ... TEMPLATE`` needs none)."""
+    url = pg_cluster.create_database("at_head")
+    open_database(url).dispose()
+    return url.rsplit("/", 1)[1]
+
+
+def _copy_sqlite(source: Path, target: Path) -> None:
+    src, dst = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database's URL."""
+    """A fresh database's URL: empty, or, where the test asks for ``db`` too, a copy of
+    one migrated to head (see the module docstring)."""
+    at_head = "db" in request.fixturenames
     if request.param == "sqlite":
-        yield sqlite_url(tmp_path / "fleet.db")
+        path = tmp_path / "fleet.db"
+        if at_head:
+            _copy_sqlite(request.getfixturevalue("_sqlite_at_head"), path)
+        yield sqlite_url(path)
         return
     cluster: PgCluster = request.getfixturevalue("pg_cluster")
-    url = cluster.create_database()
+    template = request.getfixturevalue("_pg_at_head") if at_head else "template0"
+    url = cluster.create_database(template=template)
     try:
         yield url
     finally:
