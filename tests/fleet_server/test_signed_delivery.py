@@ -174,6 +174,12 @@ def test_side_load_from_a_directory_uses_the_same_checks(
     assert json.dumps(bad)  # the report is plain JSON for the fleet
 
 
+def _committed(state: Path) -> bool:
+    """Whether ``cls`` has a committed slot that is the active one."""
+    slots = Installer(state, profile_name=PROFILE).status()
+    return any(s.name == "cls" and s.active and s.state == "committed" for s in slots)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -221,16 +227,28 @@ def test_agent_killed_during_the_health_window_comes_back_on_the_old_model_then_
     assert on_trial, "the install never reached its health window"
     # Before commit: nothing was committed, so nothing is active.
     assert Installer(state, profile_name=PROFILE).active_bundle("cls") is None
-    # Restarted, the agent gets the retained directive again and finishes the install.
+    # Restarted, the agent gets the retained directive again and finishes the install;
+    # once the install is committed it is stopped in order (SIGTERM).
     cfg.write_text(cfg.read_text().replace("health_window_s = 30.0", "health_window_s = 1.0"))
-    r = subprocess.run(
-        [exe, "run", "--config", str(cfg), "--duration", "25", "--stats"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [exe, "run", "--config", str(cfg), "--stats"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait(lambda: proc.poll() is not None or _committed(state), 90)
+        assert proc.poll() is None, log.read_text(errors="replace")
+        assert _committed(state), "the install did not finish after the restart"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert code == 0, log.read_text(errors="replace")
     active = Installer(state, profile_name=PROFILE).active_bundle("cls")
     assert active is not None
     assert json.loads((active / "manifest.json").read_text())["release"] == 1
