@@ -194,6 +194,21 @@ def show_webhook(hook: WebhookReceiver, event: str, rule: str, rollout_id: str) 
     )
 
 
+def show_remote(env: dict[str, str], d: Path, device: str) -> None:
+    """The operator's remote tools on one device: its log lines about the installs, and a
+    diagnostics archive saved here (docs/device-logs-and-actions.md)."""
+    out = d / f"diagnostics-{device}.tar.gz"
+    for args in (
+        ("devices", "logs", device, "--since", "15m", "--grep", "install", "--lines", "6"),
+        ("devices", "diagnostics", device, "--out", str(out)),
+    ):
+        print(f"\n$ fleetctl {' '.join(args)}", flush=True)
+        try:
+            print(fleetctl(env, *args, "--wait", "30").rstrip(), flush=True)
+        except subprocess.CalledProcessError as exc:
+            print(f"   {str(exc.stderr).strip()}", flush=True)
+
+
 def run(args: list[str], env: dict[str, str], **kw: object) -> str:
     out = subprocess.run(args, env=env, check=True, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
     return str(out.stdout)
@@ -530,6 +545,7 @@ def main() -> int:
         time.sleep(3)
         print(fleetctl(env, "devices", "list"), flush=True)
         show_review(env, AGENTS[0])
+        show_remote(env, d, AGENTS[0])
         line_plc.stop()
         line_plc.report()
     finally:

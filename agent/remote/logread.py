@@ -220,7 +220,7 @@ class JournalSource:
     _cursor: str | None = None
 
     def _argv(self, *extra: str) -> list[str]:
-        argv = [self.binary, "--output=json", "--no-pager", "--quiet", *extra]
+        argv = [self.binary, "--output=json", "--no-pager", *extra]  # no --quiet: its hints
         if self.directory is not None:
             argv.append(f"--directory={self.directory}")
         if self.unit:
@@ -263,6 +263,9 @@ class JournalSource:
             _, err = proc.communicate()
         if proc.returncode not in (0, -9) and not out:
             raise LogReadError(f"journalctl exited {proc.returncode}: {err.strip()[:300]}")
+        if not cursor and ("not seeing messages" in err or "No journal files" in err):
+            # no entry at all, and journalctl says why: not a member of systemd-journal
+            raise LogReadError(f"journalctl: {' '.join(err.split())[:300]}")
         return out, cursor
 
     def tail(self, query: LogQuery) -> list[Entry]:

@@ -288,3 +288,31 @@ def test_the_console_asks_shows_states_the_logs_tab_and_serves_the_archive(fleet
     assert refused.status == 403
     assert vera.get(link).status == 403
     assert "log-text" not in vera.get(logs_url).text
+
+
+def test_fleetctl_logs_follow_prints_lines_as_they_are_written(fleet: Fleet) -> None:
+    if fleet.proc is None:
+        fleet.start_agent()
+    env = {**os.environ, "EDGEFLEET_SERVER": fleet.url, "EDGEFLEET_API_TOKEN": OPERATOR_TOKEN}
+    follow = subprocess.Popen(
+        [str(BIN / "fleetctl"), "devices", "logs", DEVICE, "--follow", "--grep", "followed-e2e"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        _wait(
+            lambda: any(a["state"] == "running" for a in
+                        fleet.call("GET", f"/api/v1/devices/{DEVICE}/actions").body),
+            60, "the follow request running",
+        )  # fmt: skip
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+        with (fleet.agent_dir / "state" / "logs" / "hotpath.log").open("a") as f:
+            f.write(f"{stamp} hotpath INFO test: followed-e2e token=abc123456 written now\n")
+        assert follow.stdout is not None
+        printed = []  # the agent's own line about the request holds the text too
+        while not any("written now" in x for x in printed) and len(printed) < 20:
+            printed.append(follow.stdout.readline())  # blocks until fleetctl prints one
+        assert any(x.rstrip().endswith("test: followed-e2e token=*** written now") for x in printed)
+    finally:
+        follow.send_signal(signal.SIGINT)
+        code = follow.wait(30)
+    assert code == 0, follow.stderr.read() if follow.stderr else ""
