@@ -6,16 +6,20 @@ else (a container, a shell, a test) each process of ``edge-agent run`` also writ
 own file under ``<state_dir>/logs``: ``supervisor.log``, ``hotpath.log``,
 ``companion.log`` (``agent.log`` for ``--single-process``), each rotated at
 ``[logs] max_file_kb`` with ``[logs] backups`` older files kept: one writer per file, so
-rotation needs no lock between processes. Every entry starts with its UTC time
+rotation needs no lock between processes. The file is written on a thread of its own
+(a bounded queue in between: a thread that logs never waits on the disk). Every entry
+starts with its UTC time
 (``2026-11-28T09:15:02.123Z``), the process and the level; the lines of a traceback
 follow their entry.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import logging.handlers
 import os
+import queue
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,8 @@ JOURNAL_STREAM = "JOURNAL_STREAM"
 SUFFIX = ".log"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
 ROLES = ("supervisor", "hotpath", "companion", "agent")
+QUEUE_BOUND = 10_000
+"""Records waiting for the file's thread; past it a record is dropped (counted)."""
 
 
 def stderr_is_journal(environ: dict[str, str] | None = None, fd: int | None = None) -> bool:
@@ -84,5 +90,34 @@ def install(cfg: LogsConfig, state_dir: Path, role: str) -> Path | None:
         log.warning("no log file %s: %s", path, exc.strerror or exc)
         return None
     handler.setFormatter(UtcFormatter(role))
-    logging.getLogger().addHandler(handler)
+    # the file is written on a thread of its own: a thread that logs (the hot path's
+    # too) only puts the record in a bounded queue, and a full queue drops it, counted
+    records: queue.Queue[logging.LogRecord] = queue.Queue(QUEUE_BOUND)
+    listener = logging.handlers.QueueListener(records, handler, respect_handler_level=True)
+    listener.start()
+    queued = DroppingQueueHandler(records)
+    queued.listener = listener
+    atexit.register(queued.stop)
+    logging.getLogger().addHandler(queued)
     return path
+
+
+class DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Puts records in a bounded queue without waiting; one that does not fit is
+    dropped and counted (:attr:`dropped`), never an error on the thread that logged."""
+
+    dropped = 0
+    listener: logging.handlers.QueueListener | None = None
+    """The thread that writes the file (:meth:`stop` flushes what is queued)."""
+
+    def stop(self) -> None:
+        """Write what is queued and stop the file's thread (once; at exit too)."""
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.stop()
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            DroppingQueueHandler.dropped += 1

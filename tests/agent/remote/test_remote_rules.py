@@ -14,7 +14,7 @@ from tuf.api.metadata import Targets  # type: ignore[attr-defined, unused-ignore
 
 from agent.remote.config import LogsConfig
 from agent.remote.counter import CARRY_OUT, REFUSE, SILENT, Handled, HandledCounter, decide
-from agent.remote.logfile import UtcFormatter
+from agent.remote.logfile import DroppingQueueHandler, UtcFormatter
 from agent.remote.logread import Entry, FileSource, LogQuery, parse_stamp, unit_of_this_process
 from agent.remote.redact import Redactor
 from agent.remote.request import ActionRequest, claimed_request_id, verify_action
@@ -251,12 +251,15 @@ def test_the_log_files_rotate_at_their_size(tmp_path: Path) -> None:
     path = install(cfg, tmp_path, "companion")
     assert path == tmp_path / "logs" / "companion.log"
     handler = root.handlers[-1]
+    assert isinstance(handler, DroppingQueueHandler)
+    assert handler.listener is not None
     try:
         for i in range(600):
             logging.getLogger("agent.t").warning("line %d %s", i, "x" * 40)
     finally:
         root.removeHandler(handler)
-        handler.close()
+        handler.stop()  # what was queued is written
+    assert DroppingQueueHandler.dropped == 0
     files = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert files == ["companion.log", "companion.log.1"]
     assert all(p.stat().st_size <= 16 * 1024 for p in (tmp_path / "logs").iterdir())
