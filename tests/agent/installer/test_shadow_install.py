@@ -133,11 +133,24 @@ class Device:
         return AppliedCounter(trust_dir(self.cfg, self.state)).read().counter
 
 
-@pytest.fixture
-def device(tmp_path: Path, fleet: tuple[KeyStore, Repository]) -> Device:
-    d = Device(tmp_path, fleet)
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, fleet: tuple[KeyStore, Repository]) -> Path:
+    """The state directory of a device on which release 1 was installed and committed,
+    once per module (an install starts a worker pool to benchmark the bundle)."""
+    d = Device(tmp_path_factory.mktemp("installed"), fleet)
     assert d.assign(1)["outcome"] == "committed"
-    return d
+    where = str(d.state).encode()
+    named = [p for p in d.state.rglob("*") if p.is_file() and where in p.read_bytes()]
+    assert not named, f"these files name the state directory, a copy would differ: {named}"
+    return d.state
+
+
+@pytest.fixture
+def device(tmp_path: Path, fleet: tuple[KeyStore, Repository], installed: Path) -> Device:
+    """A device with release 1 installed and committed: a copy of ``installed`` (whose
+    files name no path, so the copy is the same device state)."""
+    shutil.copytree(installed, tmp_path / "state", symlinks=True)
+    return Device(tmp_path, fleet)
 
 
 def _tampered_medium(tmp_path: Path, repo: Repository, release: int) -> Path:
