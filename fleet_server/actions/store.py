@@ -45,6 +45,9 @@ PENDING = "pending"
 SUPERSEDED = "superseded"
 EXPIRED = "expired"
 MAX_LIST = 500
+MAX_CHUNKS = 65_536
+"""The most chunks a request may bring: the device's largest ``[remote] max_bytes_kb``
+(64 MiB) in its smallest chunks (1 KiB)."""
 _RANK = {PENDING: 0, SUPERSEDED: 0, STATUS_ACCEPTED: 1, STATUS_RUNNING: 2}
 _FINAL_RANK = 3
 
@@ -220,20 +223,26 @@ def chunk_bytes(chunk: ActionChunk) -> bytes:
 
 
 def store_chunk(bind: Bind, device_id: str, chunk: ActionChunk, now: float | None = None) -> bool:
-    """Store a chunk once; False when no request of that id is the device's.
+    """Store a chunk once; False when no request of that id is the device's, or the
+    chunk is past what a request may bring (:data:`MAX_CHUNKS`, or the count its final
+    answer gave): a device can't fill the database through its own request.
 
     Raises:
         ValueError: base64 that does not decode.
     """
     data = chunk_bytes(chunk)
     now = time.time() if now is None else now
+    if chunk.seq >= MAX_CHUNKS:
+        return False
     with writing(bind) as conn:
-        owner = conn.execute(
-            sa.select(device_actions.c.device_id).where(
-                device_actions.c.request_id == chunk.request_id
-            )
-        ).scalar()
-        if owner != device_id:
+        held = conn.execute(
+            sa.select(
+                device_actions.c.device_id, device_actions.c.status, device_actions.c.chunks
+            ).where(device_actions.c.request_id == chunk.request_id)
+        ).first()
+        if held is None or held.device_id != device_id:
+            return False
+        if held.status in FINAL and chunk.seq >= held.chunks:
             return False
         stmt = upsert(conn, action_chunks).values(
             request_id=chunk.request_id, seq=chunk.seq, device_id=device_id,

@@ -75,9 +75,12 @@ class ActionOut(BaseModel):
     complete: bool = Field(description="Done, and every chunk it sent is here.")
 
 
-def action_out(engine: Any, record: ActionRecord, now: float | None = None) -> ActionOut:
-    """The API form of a request, with what the fleet holds of its chunks."""
-    got = store.received(engine, record.request_id)
+def action_out(
+    engine: Any, record: ActionRecord, now: float | None = None, got: Any = None
+) -> ActionOut:
+    """The API form of a request, with what the fleet holds of its chunks (``got``:
+    :class:`fleet_server.actions.store.Received`, read when not given)."""
+    got = got or store.received(engine, record.request_id)
     st = store.state(record, time.time() if now is None else now)
     complete = st == "ok" and got.chunks == record.chunks and got.bytes == record.bytes
     return ActionOut(
@@ -135,8 +138,8 @@ def actions_router(ctx: ServerContext) -> APIRouter:
         """The device's requests, newest first."""
         now = time.time()
         return [
-            action_out(ctx.engine, r, now)
-            for r in store.list_for_device(ctx.engine, device_id, limit=limit)
+            action_out(ctx.engine, r, now, got)
+            for r, got in store.list_with_received(ctx.engine, device_id, limit=limit)
         ]
 
     @router.get("/{request_id}", dependencies=READ, responses=error_responses(e404="No such"))

@@ -106,6 +106,12 @@ def test_chunks_are_stored_once_from_their_device_and_a_download_is_checked(db: 
     with db.begin() as conn:
         conn.execute(action_chunks.delete().where(action_chunks.c.seq == 1))
     assert store.read_all(db, held) is None  # a chunk missing: no archive
+    late = ActionChunk(device_id="cam-1", request_id=r.request_id, seq=2, encoding="utf-8",
+                       data="more after the end", ts=T0)  # fmt: skip
+    assert not store.store_chunk(db, "cam-1", late)  # past the count its final answer gave
+    far = ActionChunk(device_id="cam-1", request_id=_create(db).request_id,
+                      seq=store.MAX_CHUNKS, encoding="utf-8", data="x", ts=T0)  # fmt: skip
+    assert not store.store_chunk(db, "cam-1", far)
     bad = ActionChunk(device_id="cam-1", request_id=r.request_id, seq=9, encoding="base64",
                       data="!!not base64", ts=T0)  # fmt: skip
     with pytest.raises(ValueError, match="not base64"):
