@@ -40,10 +40,12 @@ from tests.fleet_server.fleet_api_support import (
     api_config,
     make_repository,
 )
+from tests.fleet_server.users_support import USERS_HASHER
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]  # db_url (SQLite and PostgreSQL), pg_cluster
 
 HASHER = PasswordHasher()
+"""For a password a test sets (the fixtures' users: USERS_HASHER)."""
 SPEC = {"bundle": "tiny@1.0.0", "selector": "line=3", "waves": "1,100%", "soak_s": "10m"}
 
 StartApi = Callable[..., RunningApi]
@@ -75,7 +77,7 @@ def start_api(
         servers.append(server)
         engine = server.context.engine
         for name, role in (("olga", "operator"), ("lena", "line-manager"), ("vic", "viewer")):
-            add_user(engine, HASHER, name, role, PASSWORD)
+            add_user(engine, USERS_HASHER, name, role, PASSWORD)
         return RunningApi(server)
 
     yield start

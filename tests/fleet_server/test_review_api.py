@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from fleet_server.auth import PasswordHasher, add_user
+from fleet_server.auth import add_user
 from fleet_server.auth.deps import COOKIE_NAME
 from fleet_server.db.tables import decision_review_log
 from fleet_server.review import COLUMNS, encode_cursor, parse_filter
@@ -34,10 +34,9 @@ from tests.fleet_server.fleet_api_support import (
     make_repository,
 )
 from tests.fleet_server.review_data import T0, Fleet, decision, mixed_fleet, store_rows
+from tests.fleet_server.users_support import USERS_HASHER
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]  # db_url (SQLite and PostgreSQL), pg_cluster
-
-HASHER = PasswordHasher()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +62,7 @@ def api(
     server.start()
     try:
         for name, role in (("olga", "operator"), ("lena", "line-manager"), ("vic", "viewer")):
-            add_user(server.context.engine, HASHER, name, role, PASSWORD)
+            add_user(server.context.engine, USERS_HASHER, name, role, PASSWORD)
         yield RunningApi(server)
     finally:
         server.stop()

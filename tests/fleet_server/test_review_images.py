@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.wire.messages import ThumbnailUpload
-from fleet_server.auth import PasswordHasher, add_user
+from fleet_server.auth import add_user
 from fleet_server.auth.deps import COOKIE_NAME
 from fleet_server.ingest.sqlsink import SqlSink
 from fleet_server.serve import FleetServer
@@ -30,10 +30,10 @@ from tests.fleet_server.fleet_api_support import (
     make_repository,
 )
 from tests.fleet_server.review_data import T0, Fleet, decision, store_rows
+from tests.fleet_server.users_support import USERS_HASHER
 
 pytest_plugins = ["tests.fleet_server.db_fixtures"]  # db_url (SQLite and PostgreSQL), pg_cluster
 
-HASHER = PasswordHasher()
 USERS = {"olga": "operator", "lena": "line-manager", "vic": "viewer"}
 BOX = {"box": [200.0, 150.0, 300.0, 230.0], "score": 0.91, "label": "scratch"}
 
@@ -60,7 +60,7 @@ def api(
     server.start()
     try:
         for name, role in USERS.items():
-            add_user(server.context.engine, HASHER, name, role, PASSWORD)
+            add_user(server.context.engine, USERS_HASHER, name, role, PASSWORD)
         yield RunningApi(server)
     finally:
         server.stop()

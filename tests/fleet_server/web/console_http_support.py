@@ -16,12 +16,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from fleet_server.auth import PasswordHasher
 from fleet_server.rollout.service import RolloutService
 from fleet_server.serve import FleetServer, ServerContext
+from tests.fleet_server.users_support import USERS_HASHER
 from tests.fleet_server.web.console_server import PASSWORD
 
-HASHER = PasswordHasher()
+HASHER = USERS_HASHER
+"""What the console tests add their users with (a password is hashed once: users_support)."""
 TIMEOUT_S = 30.0
 
 
