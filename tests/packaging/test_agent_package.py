@@ -130,6 +130,37 @@ def test_setup_writes_the_config_and_the_service_decides(box: Container) -> None
         raise AssertionError(f"{exc}; last: {answers[-1:]}; {box.journal(UNIT)}") from exc
 
 
+_JOURNAL_TAIL = (
+    "import sys\n"
+    "from agent.remote.logread import JournalSource, LogQuery\n"
+    "for e in JournalSource(sys.argv[1]).tail(LogQuery(0.0, 3, sys.argv[2])):\n"
+    "    print(e.text)\n"
+)
+
+
+def test_a_remote_logs_request_reads_the_journal_of_the_unit_as_the_unit_runs(
+    box: Container,
+) -> None:
+    # as the service's processes run: its user, and the group the unit gives them
+    # (SupplementaryGroups=systemd-journal); the agent's own reader
+    as_unit = ["systemd-run", "--wait", "--pipe", "--quiet", "-p", "User=edgefleet",
+               "-p", "SupplementaryGroups=systemd-journal"]  # fmt: skip
+    read = ["/opt/edgefleet/agent/bin/python", "-c", _JOURNAL_TAIL, UNIT, "companion: pid"]
+    out = box.run([*as_unit, *read], check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines, box.journal(UNIT)
+    assert all("companion: pid" in x for x in lines)
+    # without the group the journal is not readable, and the reader says so
+    denied = box.run(["systemd-run", "--wait", "--pipe", "--quiet", "-p", "User=edgefleet",
+                      *read], check=False)  # fmt: skip
+    assert denied.returncode != 0
+    assert (
+        "LogReadError: journalctl exited 1: No journal files were opened due to "
+        "insufficient permissions" in denied.stderr
+    )
+
+
 def test_the_booted_systemd_rates_the_unit_within_the_target(box: Container) -> None:
     out = box.run(["systemd-analyze", "security", UNIT, "--no-pager"], check=False).stdout
     found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", out)
