@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -350,14 +351,36 @@ def test_an_enrolled_agent_reports_state_heartbeats_and_decisions_to_the_fleet(
         check=False,
     )
     assert enrolled.returncode == 0, enrolled.stderr
-    ran = subprocess.run(
-        [agent_bin, "run", "--config", str(config), "--duration", "6"],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr
+    db = agent_dir / "state" / "decisions.db"
+
+    def reported() -> bool:
+        telemetry = http("GET", f"{url}/api/v1/devices/gw-1/telemetry", token=OPERATOR_TOKEN)
+        body = telemetry.body if telemetry.status == 200 else {}
+        return bool(body.get("heartbeats")) and body.get("health") is not None and _uploaded(db)
+
+    # it runs until the fleet has its heartbeats and health and acknowledged a decision,
+    # then stops in order (SIGTERM, as systemd stops it)
+    log = agent_dir / "agent.log"
+    with log.open("wb") as out:
+        run = subprocess.Popen(
+            [agent_bin, "run", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while not reported():
+            assert run.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, "nothing reported in 90 s"
+            time.sleep(0.25)
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(10)
+    assert code == 0, log.read_text(errors="replace")
     device = http("GET", f"{url}/api/v1/devices/gw-1", token=OPERATOR_TOKEN).body
     assert device["agent_version"]
     assert device["labels"] == {"line": "3"}
@@ -365,12 +388,18 @@ def test_an_enrolled_agent_reports_state_heartbeats_and_decisions_to_the_fleet(
     telemetry = http("GET", f"{url}/api/v1/devices/gw-1/telemetry", token=OPERATOR_TOKEN).body
     assert telemetry["heartbeats"], telemetry
     assert telemetry["health"] is not None
-    db = agent_dir / "state" / "decisions.db"
-    import sqlite3
+    assert _uploaded(db), "no decision was acknowledged by the fleet"
 
-    con = sqlite3.connect(db)
+
+def _uploaded(db: Path) -> bool:
+    """Whether the agent's decision log has a decision marked uploaded (read only)."""
+    if not db.is_file():
+        return False
+    con = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=10)
     try:
-        uploaded = con.execute("SELECT count(*) FROM decisions WHERE uploaded = 1").fetchone()[0]
+        row = con.execute("SELECT count(*) FROM decisions WHERE uploaded = 1").fetchone()
+    except sqlite3.OperationalError:  # the table is not made yet
+        return False
     finally:
         con.close()
-    assert uploaded > 0, "no decision was acknowledged by the fleet"
+    return int(row[0]) > 0
