@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +34,34 @@ from hil.linkproxy import LinkProxy
 from hil.procs import agent_children, descendants
 from tests.agent.installer.installer_helpers import make_bundle
 from tests.fleet_server import test_fleet_e2e as e2e
-from tests.fleet_server.fleet_api_support import OPERATOR_TOKEN, http
+from tests.fleet_server.fleet_api_support import OPERATOR_TOKEN, PASSPHRASE, TOKEN_ENV, http
 from tests.support.broker import free_port
 
 BIN = Path(sys.executable).parent
-env = e2e.env
-"""The fleet end to end test's fixtures: its environment, and a served fleet-server with
-its managed Mosquitto (yields its URL and a bundle)."""
-fleet = e2e.fleet
 PROFILE = "x86-gateway"
 SIGKILL_EXIT = "killed by signal 9 (SIGKILL)"
-Fleet = tuple[str, Path]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The served fleet-server: its URL, a bundle, its SQLite database."""
+
+    url: str
+    bundle: Path
+    db: Path
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The fleet end to end test's fleet-server with its managed Mosquitto, one for the
+    module: each test enrolls a device of its own and reads only that device's rows."""
+    root = tmp_path_factory.mktemp("fleet")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("CREDENTIALS_DIRECTORY", raising=False)
+        mp.setenv("EDGEFLEET_KEY_PASSPHRASE", PASSPHRASE)
+        mp.setenv(TOKEN_ENV, OPERATOR_TOKEN)
+        with e2e.served_fleet(root) as (url, bundle):
+            yield Fleet(url, bundle, root / "state" / "fleet.db")
 
 
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:
@@ -197,12 +215,8 @@ def devices(tmp_path: Path) -> Iterator[list[Device]]:
             assert device.stop() == 0, (device.dir / "agent.log").read_text(errors="replace")
 
 
-def _fleet_db(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "fleet.db"
-
-
-def _fleet_rows(tmp_path: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
-    path = _fleet_db(tmp_path)
+def _fleet_rows(fleet: Fleet, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    path = fleet.db
     if not path.is_file():
         return []
     conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=10)
@@ -212,8 +226,8 @@ def _fleet_rows(tmp_path: Path, sql: str, *params: object) -> list[tuple[Any, ..
         conn.close()
 
 
-def _fleet_ids(tmp_path: Path, device_id: str) -> list[str]:
-    rows = _fleet_rows(tmp_path, "SELECT id FROM decisions WHERE device_id = ?", device_id)
+def _fleet_ids(fleet: Fleet, device_id: str) -> list[str]:
+    rows = _fleet_rows(fleet, "SELECT id FROM decisions WHERE device_id = ?", device_id)
     return [str(r[0]) for r in rows]
 
 
@@ -230,7 +244,7 @@ DRAIN = (
 def test_the_companion_killed_mid_drain_is_restarted_and_every_decision_arrives_once(
     tmp_path: Path, fleet: Fleet, devices: list[Device]
 ) -> None:
-    url, bundle = fleet
+    url, bundle = fleet.url, fleet.bundle
     dev = Device(tmp_path, "split-drain", bundle, fps=4)
     devices.append(dev)
     identity = dev.enroll(url)
@@ -240,15 +254,15 @@ def test_the_companion_killed_mid_drain_is_restarted_and_every_decision_arrives_
         dev.write_config(f"enabled = true\nbroker_port = {link.port}\n{DRAIN}")
         dev.start()
         _wait(lambda: dev.alive() and dev.count() >= BACKLOG, 90, f"{BACKLOG} decisions offline")
-        assert _fleet_ids(tmp_path, dev.device_id) == []
+        assert _fleet_ids(fleet, dev.device_id) == []
         backlog = dev.count()
 
         link.restore()
         # one batch of 5 a second against 4 decisions a second: several seconds to drain
-        _wait(lambda: len(_fleet_ids(tmp_path, dev.device_id)) > 0, 60, "the drain to start")
+        _wait(lambda: len(_fleet_ids(fleet, dev.device_id)) > 0, 60, "the drain to start")
         companion = dev.child("companion")
         assert companion is not None
-        arrived = len(_fleet_ids(tmp_path, dev.device_id))
+        arrived = len(_fleet_ids(fleet, dev.device_id))
         t_kill = time.time()
         os.kill(companion, signal.SIGKILL)
         assert 0 < arrived < backlog, "the kill must come in the middle of the drain"
@@ -267,17 +281,17 @@ def test_the_companion_killed_mid_drain_is_restarted_and_every_decision_arrives_
         _wait(lambda: dev.count() > backlog, 30, "decisions after the restart")
         cutoff = {str(r[0]) for r in dev.rows("SELECT id FROM decisions")}
         _wait(
-            lambda: cutoff <= set(_fleet_ids(tmp_path, dev.device_id)),
+            lambda: cutoff <= set(_fleet_ids(fleet, dev.device_id)),
             120,
             f"the {len(cutoff)} decisions up to the cut-off at the fleet",
         )
         dev.alive()
         logged = {str(r[0]) for r in dev.rows("SELECT id FROM decisions")}
-        stored = _fleet_ids(tmp_path, dev.device_id)
+        stored = _fleet_ids(fleet, dev.device_id)
         assert len(stored) == len(set(stored)), "a decision stored twice"
         assert set(stored) <= logged, "the fleet has decisions the device never logged"
         twice = _fleet_rows(
-            tmp_path,
+            fleet,
             "SELECT id, count(*) FROM decisions WHERE device_id = ? GROUP BY id "
             "HAVING count(*) > 1",
             dev.device_id,
@@ -308,7 +322,7 @@ def _running(pid: int) -> bool:
 def test_the_hot_path_killed_is_restarted_reported_and_its_log_is_intact(
     tmp_path: Path, fleet: Fleet, devices: list[Device]
 ) -> None:
-    url, bundle = fleet
+    url, bundle = fleet.url, fleet.bundle
     dev = Device(tmp_path, "split-crash", bundle, fps=5)
     devices.append(dev)
     dev.enroll(url)
@@ -348,7 +362,7 @@ def test_the_hot_path_killed_is_restarted_reported_and_its_log_is_intact(
 
     def reported() -> list[tuple[Any, ...]]:
         return _fleet_rows(
-            tmp_path,
+            fleet,
             "SELECT event_id, payload FROM events WHERE device_id = ? AND kind = 'crash'",
             dev.device_id,
         )

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,12 @@ def env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, OPERATOR_TOKEN)
 
 
-@pytest.fixture
-def fleet(tmp_path: Path, env: None) -> Iterator[tuple[str, Path]]:
-    """A served fleet-server whose repository has cls 1.1.0 (good) and 1.2.0 (fails on
-    bright frames); yields its URL and the local fallback bundle cls 1.0.0."""
-    del env
+@contextmanager
+def served_fleet(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A served fleet-server in ``tmp_path`` (its database: ``state/fleet.db`` there) whose
+    repository has cls 1.1.0 (good) and 1.2.0 (fails on bright frames); yields its URL and
+    the local fallback bundle cls 1.0.0. The key passphrase and the operator token come
+    from the environment (``env``)."""
     pp = Passphrases(environ={"EDGEFLEET_KEY_PASSPHRASE": PASSPHRASE})
     keys = KeyStore.create(tmp_path / "keystore", root_keys=1, root_threshold=1, passphrases=pp)
     repo = Repository(tmp_path / "repository")
@@ -98,6 +100,14 @@ def fleet(tmp_path: Path, env: None) -> Iterator[tuple[str, Path]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, env: None) -> Iterator[tuple[str, Path]]:
+    """:func:`served_fleet` in the test's directory."""
+    del env
+    with served_fleet(tmp_path) as served:
+        yield served
 
 
 def _agent(tmp_path: Path, url: str, device: str, fallback: Path) -> subprocess.Popen[bytes]:
