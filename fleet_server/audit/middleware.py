@@ -16,8 +16,9 @@ row (:mod:`fleet_server.audit.store`) with:
   the permission, a bad request, a conflict), ``failed`` (5xx or an exception); the
   ``detail`` has the status and, for a refusal, the API's one-line reason.
 
-The row is written before the answer's last byte is sent: once a client has its whole
-answer, the row is there. A row that can't be written is logged as an error and the
+The row is written before the answer's last byte is sent, and an answer in one piece (a
+redirect, a JSON object) is held whole until then, its status line too: once a client
+has its whole answer, the row is there. A row that can't be written is logged as an error and the
 answer still goes out (the change itself is done or refused by then).
 """
 
@@ -86,6 +87,7 @@ class AuditMiddleware:
             return
         started = time.time()
         seen: dict[str, Any] = {"status": 0, "content_type": "", "body": b"", "written": False}
+        held: list[Message] = []  # the answer's start, until its row is written
 
         async def wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -93,12 +95,16 @@ class AuditMiddleware:
                 for name, value in message.get("headers", ()):
                     if name.lower() == b"content-type":
                         seen["content_type"] = value.decode("latin-1").lower()
-            elif message["type"] == "http.response.body":
+                held.append(message)  # an empty answer (a redirect) is whole at its start
+                return
+            if message["type"] == "http.response.body":
                 if seen["status"] >= 400 and len(seen["body"]) < MAX_REASON_BODY:
                     seen["body"] += message.get("body", b"")[:MAX_REASON_BODY]
                 if not message.get("more_body", False) and not seen["written"]:
                     seen["written"] = True
                     await self._write(scope, started, seen, None)
+            while held:
+                await send(held.pop(0))
             await send(message)
 
         try:
