@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -156,7 +156,9 @@ def actions_router(ctx: ServerContext) -> APIRouter:
     def logs(
         device_id: str,
         request_id: str,
-        after: Annotated[int, Query(ge=-1, le=1_000_000, description="Chunks after this seq")] = -1,
+        after: Annotated[
+            int | None, whole("Chunks after this seq (none: from the first).", ge=0, le=1_000_000)
+        ] = None,
     ) -> Response:
         """The log lines a logs request brought back so far (after chunk ``after``), as
         text; ``X-Edgefleet-Next-Seq`` is the ``after`` of the next call (to follow) and
@@ -164,9 +166,10 @@ def actions_router(ctx: ServerContext) -> APIRouter:
         record = record_of(device_id, request_id)
         if record.action == ACTION_DIAGNOSTICS:
             raise HTTPException(409, f"{request_id} is a diagnostics request: get its archive")
-        parts = store.read_chunks(ctx.engine, request_id, after=after)
+        start = -1 if after is None else after
+        parts = store.read_chunks(ctx.engine, request_id, after=start)
         text = b"".join(data for _, data in parts)
-        last = parts[-1][0] if parts else after
+        last = parts[-1][0] if parts else start
         headers = {NEXT_SEQ: str(last), STATUS: store.state(record, time.time())}
         return Response(text, media_type="text/plain; charset=utf-8", headers=headers)
 

@@ -134,8 +134,11 @@ def _follow(api: ApiClient, args: argparse.Namespace, since_s: int) -> int:
             state = request["state"]
             waited_since = time.monotonic()
             while True:
-                text, headers = api.raw(
-                    "GET", path, query={"after": str(after)}, accept="text/plain"
+                text, headers = api.raw(  # no "after" before a first chunk (-1)
+                    "GET",
+                    path,
+                    query={"after": str(after)} if after >= 0 else None,
+                    accept="text/plain",
                 )
                 after = int(headers.get("X-Edgefleet-Next-Seq", after))
                 state = headers.get("X-Edgefleet-Action-Status", state)
