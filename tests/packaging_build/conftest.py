@@ -68,3 +68,12 @@ def agent_deb(tmp_path_factory: pytest.TempPathFactory) -> Built:
     subprocess.run(["dpkg-deb", "-e", str(deb), str(control)], check=True, timeout=120)
     subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True, timeout=600)
     return Built(deb=deb, control=control, tree=tree)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The first test that asks for :func:`agent_deb` waits for the build (54 s in CI, more
+    than the suite's 120 s per test on a loaded machine): this folder's tests get 900 s
+    (the build itself is bounded at 1500 s)."""
+    for item in items:
+        if item.path.parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.timeout(900))
