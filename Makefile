@@ -107,12 +107,15 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The tests run in TEST_WORKERS processes (pytest-xdist; each test file on one worker, so a
-# file's fixtures stay shared), and the 20 slowest are printed at the end.
+# file's fixtures stay shared), and the 20 slowest are printed at the end. They start
+# hundreds of Python processes (agents, fleet servers, CLIs, runtime workers), which reuse
+# the project's compiled bytecode (__pycache__, gitignored) also where the environment
+# sets PYTHONDONTWRITEBYTECODE: else every one of them compiles its modules again.
 TEST_WORKERS ?= 3
 
 test: sysdeps $(STAMP) $(MODELS) $(NODESETS) $(NODE_OPCUA) lint typecheck
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
-	  --ignore=tests/packaging
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile \
+	  --durations=20 --ignore=tests/packaging
 
 # The Debian packages installed, upgraded, watched and purged in a booted Debian bookworm
 # (mmdebstrap + systemd-nspawn --boot; needs root), and the OCI images. The tests build the
