@@ -155,9 +155,6 @@ class Fleet:
             f'[agent]\ndevice_id = "{device}"\nstate_dir = "state"\nprofile = "{PROFILE}"\n'
             "[runtime]\nworkers = 1\npin = false\n[http]\nport = 0\n"
             "[uplink]\nenabled = true\nheartbeat_interval_s = 0.5\nhealth_interval_s = 1.0\n"
-            # the gates wait on uploads: shadow comparisons and drift buckets (10 s apart
-            # by default), decisions (2 s)
-            "quality_interval_s = 1.0\ndecisions_interval_s = 0.5\n"
             "[bundles]\nenabled = true\n"
             "installer = { health_window_s = 2.0, health_poll_s = 0.2, benchmark_runs = 5 }\n"
             '[decision_log]\nthumbnails = "none"\n'  # the gates read records, not images
